@@ -1,0 +1,150 @@
+"""Typed, validated experiment configuration loaded from YAML.
+
+One experiment = ``data`` (how ``xinda prepare`` builds the binarised corpus), ``model`` (an
+architecture name or preset plus overrides, validated by the model registry), ``train`` and
+``decode``. Every default is defined here, once. Unknown keys and wrong types are rejected with
+the key's dotted path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Pretok = Literal["moses", "jieba", "char", "none"]
+
+
+class XindaError(Exception):
+    """A user-facing error: printed as one line by the CLI, exit code 1."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Strict):
+    """Raw parallel text -> cleaned, pre-tokenised, subword-encoded, binarised arrays."""
+
+    src_lang: str = "en"  # file suffix of the source side
+    tgt_lang: str = "de"  # file suffix of the target side
+    train: str | None = None  # prefix: reads {train}.{src_lang}[.gz] and {train}.{tgt_lang}[.gz]
+    valid: str | None = None  # prefix of the validation split
+    test: dict[str, str] = Field(default_factory=dict)  # name -> prefix, e.g. {test2016: ...}
+    out_dir: str = "data-bin"  # where arrays, sentencepiece models and manifest.json go
+    normalize: Literal["NFKC", "NFC", "none"] = "NFKC"  # Unicode normalisation
+    lowercase: bool = False
+    pretok_src: Pretok = "none"  # pre-tokenisation before sentencepiece
+    pretok_tgt: Pretok = "none"
+    subword: Literal["bpe", "unigram"] = "bpe"  # sentencepiece model type
+    vocab_size: int = Field(8000, ge=16)  # per model (joint: one model for both sides)
+    joint_vocab: bool = True  # one shared sentencepiece model (enables tied embeddings)
+    character_coverage: float = Field(1.0, gt=0, le=1)
+    spm_model: str | None = None  # reuse an existing (joint) sentencepiece model instead
+    max_len: int = Field(250, ge=1)  # drop training pairs with more subword tokens on a side
+    max_len_ratio: float = Field(3.0, gt=1)  # drop pairs whose length ratio exceeds this
+    dedup: bool = True  # drop exact duplicate training pairs
+    seed: int = 1
+
+
+class TrainConfig(Strict):
+    out_dir: str = "runs/exp"  # the self-contained model directory
+    seed: int = 1
+    threads: int = Field(0, ge=0)  # torch intra-op threads; 0 = torch's default
+    max_tokens: int = Field(4096, ge=1)  # tokens per batch, max(src, tgt) incl. padding
+    update_freq: int = Field(1, ge=1)  # gradient accumulation: batches per update
+    max_epochs: int = Field(100, ge=1)
+    max_steps: int = Field(0, ge=0)  # 0 = no limit
+    max_seconds: float = Field(0, ge=0)  # training-loop wall-clock budget; 0 = no limit
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(5e-4, gt=0)  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    momentum: float = 0.0  # SGD only
+    weight_decay: float = 0.0
+    schedule: Literal["inverse_sqrt", "noam", "step", "constant"] = "inverse_sqrt"
+    warmup_steps: int = Field(4000, ge=0)
+    decay_every: int = Field(1000, ge=1)  # step schedule: multiply by decay_factor every N steps
+    decay_factor: float = Field(0.5, gt=0, le=1)
+    min_lr: float = 0.0
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    clip_norm: float = Field(0.0, ge=0)  # 0 = no clipping
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where fast
+    save_every: int = Field(0, ge=0)  # checkpoint every N updates (0: only per epoch)
+    keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
+    validate: bool = True  # validation loss (and BLEU) at each epoch end
+    valid_bleu: bool = True
+    valid_beam: int = Field(1, ge=1)  # beam for validation BLEU (1 = greedy, fast)
+    patience: int = Field(0, ge=0)  # early stopping: epochs without improvement; 0 = off
+    log_every: int = Field(50, ge=1)  # updates between CSV log rows
+    progress: bool = True  # tqdm progress bar
+
+
+class DecodeConfig(Strict):
+    beam: int = Field(5, ge=1)
+    alpha: float = Field(1.0, ge=0)  # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none
+    max_len_a: float = 1.5  # max output length = a * src_len + b
+    max_len_b: int = 10
+    batch_size: int = Field(64, ge=1)  # sentences per batch (sorted by length)
+    max_input_len: int = Field(250, ge=1)  # longer inputs are truncated with a warning
+    nbest: int = Field(1, ge=1)
+
+
+class ExperimentConfig(Strict):
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: dict[str, Any] = Field(default_factory=lambda: {"preset": "transformer-base"})
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    decode: DecodeConfig = Field(default_factory=DecodeConfig)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+        if not isinstance(tree, dict):
+            raise XindaError(f"--set {dotted}: '{key}' is not a section")
+    tree[leaf] = value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise XindaError(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-3")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def format_validation_error(err: ValidationError, where: str) -> str:
+    first = err.errors()[0]
+    path = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {path}: {first['msg']}"
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment config (or start from defaults) and apply ``--set`` overrides."""
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise XindaError(f"{path}: config file not found")
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise XindaError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+        if not isinstance(tree, dict):
+            raise XindaError(f"{path}: expected a mapping at the top level")
+    apply_overrides(tree, list(overrides))
+    try:
+        return ExperimentConfig.model_validate(tree)
+    except ValidationError as err:
+        raise XindaError(format_validation_error(err, str(path or "config"))) from None
+
+
+def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    from xinda.utils import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
