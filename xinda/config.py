@@ -52,6 +52,7 @@ class DataConfig(Strict):
 class TrainConfig(Strict):
     out_dir: str = "runs/exp"  # the self-contained model directory
     seed: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(0, ge=0)  # torch intra-op threads; 0 = torch's default
     max_tokens: int = Field(4096, ge=1)  # tokens per batch, max(src, tgt) incl. padding
     update_freq: int = Field(1, ge=1)  # gradient accumulation: batches per update
@@ -74,7 +75,7 @@ class TrainConfig(Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where fast
     save_every: int = Field(0, ge=0)  # checkpoint every N updates (0: only per epoch)
     keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
-    validate: bool = True  # validation loss (and BLEU) at each epoch end
+    run_validation: bool = True  # validation loss (and BLEU) at each epoch end
     valid_bleu: bool = True
     valid_beam: int = Field(1, ge=1)  # beam for validation BLEU (1 = greedy, fast)
     patience: int = Field(0, ge=0)  # early stopping: epochs without improvement; 0 = off

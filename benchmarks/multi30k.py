@@ -1,0 +1,125 @@
+"""Multi30k en->de (or Tatoeba zh->en) end to end with the peer benchmark's matched config.
+
+    python benchmarks/multi30k.py [--budget 1800] [--pair en-de|zh-en] [--workdir DIR]
+
+Runs ``xinda prepare``, ``xinda train`` (wall-clock budget) and ``xinda translate`` (beam 5)
+as separate processes under ``/usr/bin/time -v`` and reports train target tokens/s, peak RSS,
+BLEU/chrF (sacrebleu) on the test set and decode sentences/s. Not a test: it takes the budget
+plus a few minutes. Needs ../shared/data (skips with a message when absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("XINDA_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+PAIRS = {
+    # Multi30k: raw text straight into a joint 8k BPE, as in ../shared/bench.
+    "en-de": {"corpus": "multi30k", "src": "en", "tgt": "de", "test": "test2016",
+              "pretok_src": "none", "pretok_tgt": "none", "tokenize": None},
+    # Tatoeba zh-en: jieba words for Chinese, joint 8k BPE; English BLEU with 13a.
+    "zh-en": {"corpus": "tatoeba-zh-en", "src": "zh", "tgt": "en", "test": "test",
+              "pretok_src": "jieba", "pretok_tgt": "none", "tokenize": None},
+}
+
+
+def experiment(pair: dict, workdir: Path, budget: float, threads: int) -> dict:
+    data = SHARED / pair["corpus"]
+    return {
+        "data": {"src_lang": pair["src"], "tgt_lang": pair["tgt"], "train": str(data / "train"),
+                 "valid": str(data / "valid"), "test": {pair["test"]: str(data / pair["test"])},
+                 "out_dir": str(workdir / "data-bin"), "pretok_src": pair["pretok_src"],
+                 "pretok_tgt": pair["pretok_tgt"], "subword": "bpe", "vocab_size": 8000,
+                 "joint_vocab": True},
+        # 3+3 layers, d 256, 4 heads, FFN 1024, pre-norm, dropout 0.1 everywhere, tied.
+        "model": {"preset": "transformer-small"},
+        "train": {"out_dir": str(workdir / "model"), "threads": threads, "max_tokens": 4096,
+                  "lr": 5e-4, "warmup_steps": 1000, "schedule": "inverse_sqrt",
+                  "betas": [0.9, 0.98], "label_smoothing": 0.1, "max_seconds": budget,
+                  "max_epochs": 10000, "run_validation": False, "keep_last": 1,
+                  "progress": False, "log_every": 100},
+        "decode": {"beam": 5, "alpha": 1.0, "batch_size": 64, "max_len_a": 1.5,
+                   "max_len_b": 10},
+    }
+
+
+def timed(cmd: list[str], log_path: Path) -> dict:
+    """Run cmd under /usr/bin/time -v; return wall seconds and peak RSS (MB)."""
+    time_file = log_path.with_suffix(".time")
+    start = time.time()
+    with log_path.open("w") as log:
+        proc = subprocess.run(["/usr/bin/time", "-v", "-o", str(time_file), *cmd],
+                              stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        sys.exit(f"failed: {' '.join(cmd)}\n{log_path.read_text()[-2000:]}")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_file.read_text())
+    return {"wall_s": time.time() - start, "peak_rss_mb": int(rss.group(1)) / 1024 if rss else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--budget", type=float, default=1800.0, help="training seconds")
+    ap.add_argument("--pair", choices=sorted(PAIRS), default="en-de")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    pair = PAIRS[args.pair]
+    if not (SHARED / pair["corpus"]).is_dir():
+        print(f"skipped: {SHARED / pair['corpus']} not found (set XINDA_SHARED_DATA)")
+        return
+    work = (args.workdir or ROOT / "runs" / f"bench-{args.pair}").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_path = work / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(experiment(pair, work, args.budget, args.threads)))
+    os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    xinda = [sys.executable, "-m", "xinda.cli"]
+
+    timed([*xinda, "prepare", str(cfg_path)], work / "prepare.log")
+    if (work / "model").exists():
+        import shutil
+
+        shutil.rmtree(work / "model")
+    train = timed([*xinda, "train", str(cfg_path)], work / "train.log")
+    stats = json.loads((work / "model" / "train_stats.json").read_text())
+
+    test = SHARED / pair["corpus"] / pair["test"]
+    hyp = work / f"{pair['test']}.hyp"
+    dec = timed([*xinda, "translate", str(work / "model"), "-i", f"{test}.{pair['src']}",
+                 "-o", str(hyp), "--beam", "5", "--threads", str(args.threads)],
+                work / "translate.log")
+    speed = re.search(r"\(([\d.]+) sentences/s\)", (work / "translate.log").read_text())
+
+    import sacrebleu
+
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    refs = Path(f"{test}.{pair['tgt']}").read_text(encoding="utf-8").splitlines()
+    bleu = sacrebleu.metrics.BLEU(**({"tokenize": pair["tokenize"]} if pair["tokenize"] else {}))
+    chrf = sacrebleu.metrics.CHRF()
+    result = {
+        "pair": args.pair, "budget_s": args.budget, "updates": stats["steps"],
+        "train_tgt_tok_per_s": round(stats["tgt_tok_per_s"], 1),
+        "train_peak_rss_mb": round(train["peak_rss_mb"]), "precision": stats["precision"],
+        "bleu": round(bleu.corpus_score(hyps, [refs]).score, 2),
+        "chrf": round(chrf.corpus_score(hyps, [refs]).score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "decode_sents_per_s": float(speed.group(1)) if speed else None,
+        "decode_process_wall_s": round(dec["wall_s"], 2),
+        "decode_peak_rss_mb": round(dec["peak_rss_mb"]),
+    }
+    (work / "result.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""xinda prepare: reading, sentencepiece, filtering, binarisation, manifest and errors."""
+
+import gzip
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xinda.config import DataConfig, XindaError
+from xinda.data.prepare import (
+    TokenArrays,
+    load_manifest,
+    load_split,
+    prepare,
+    side_pipeline,
+    side_vocab,
+)
+
+EN_DE = {
+    "the": "der", "a": "ein", "cat": "katze", "dog": "hund", "man": "mann", "sees": "sieht",
+    "likes": "mag", "big": "groß", "small": "klein", "red": "rot", "house": "haus",
+    "car": "auto", "and": "und", "runs": "läuft", "home": "heim",
+}
+
+
+def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` distinct word-by-word 'translations' with 3-8 words and a final full stop."""
+    rng, seen = random.Random(seed), {}
+    while len(seen) < n:
+        words = rng.choices(list(EN_DE), k=rng.randint(3, 8))
+        en = " ".join(words).capitalize() + "."
+        seen[en] = " ".join(EN_DE[w] for w in words).capitalize() + "."
+    return list(seen.items())
+
+
+def write_side(path, lines, gz=False):
+    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
+    if gz:
+        with gzip.open(f"{path}.gz", "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+def write_corpus(prefix, pairs, gz=False) -> str:
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    write_side(prefix.parent / f"{prefix.name}.en", [s for s, _ in pairs], gz)
+    write_side(prefix.parent / f"{prefix.name}.de", [t for _, t in pairs], gz)
+    return str(prefix)
+
+
+def config(tmp_path, **kw) -> DataConfig:
+    base = {"src_lang": "en", "tgt_lang": "de", "vocab_size": 80, "out_dir": str(tmp_path / "bin"),
+            "max_len_ratio": 3.0, "pretok_src": "moses", "pretok_tgt": "moses"}
+    return DataConfig(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """One joint-vocab preparation with train, valid (incl. an empty line) and a test set."""
+    root = tmp_path_factory.mktemp("corpus")
+    pairs = make_pairs(330)
+    valid = [*pairs[300:310], ("", ""), ("Dog", "Hund und Katze und Haus und Auto")]
+    cfg = config(
+        root,
+        train=write_corpus(root / "train", pairs[:300]),
+        valid=write_corpus(root / "valid", valid),
+        test={"test1": write_corpus(root / "test1", pairs[310:])},
+    )
+    return cfg, prepare(cfg, log=lambda _: None), valid
+
+
+def test_outputs_and_manifest(prepared):
+    cfg, manifest, valid = prepared
+    out = cfg.out_dir
+    assert load_manifest(out) == manifest
+    assert manifest["format_version"] == 1 and manifest["joint_vocab"] is True
+    assert manifest["spm"] == {"src": "spm.model", "tgt": "spm.model"}
+    assert manifest["text"]["src"] == {"normalize": "NFKC", "lowercase": False, "pretok": "moses",
+                                       "lang": "en"}
+    assert set(manifest["splits"]) == {"train", "valid", "test1"}
+    assert manifest["splits"]["train"]["pairs"] == 300
+    assert manifest["splits"]["valid"]["pairs"] == len(valid)  # never filtered
+    assert manifest["splits"]["test1"]["pairs"] == 20
+    assert manifest["config"]["train"] == cfg.train
+    assert manifest["filter_report"]["kept"] == 300
+    vocab = side_vocab(out, manifest, "src")
+    assert (vocab.pad, vocab.unk, vocab.bos, vocab.eos) == (0, 1, 2, 3)
+
+
+def test_arrays_decode_to_preprocessed_text(prepared):
+    cfg, manifest, valid = prepared
+    src, tgt = load_split(cfg.out_dir, "valid")
+    assert src.ids.dtype == np.int32 and src.offsets.dtype == np.int64
+    assert len(src) == len(tgt) == len(valid) and len(src.offsets) == len(valid) + 1
+    assert src.lengths[len(valid) - 2] == 0  # the empty line is kept, with no tokens
+    assert int(src.lengths.sum()) == manifest["splits"]["valid"]["src_tokens"]
+    for side, arrays, k in (("src", src, 0), ("tgt", tgt, 1)):
+        pipe, vocab = side_pipeline(manifest, side), side_vocab(cfg.out_dir, manifest, side)
+        for i, pair in enumerate(valid):
+            assert vocab.decode(arrays[i].tolist()) == pipe.preprocess(pair[k])
+
+
+def test_raw_text_kept_for_valid_and_test(prepared):
+    cfg, _, valid = prepared
+    out = Path(cfg.out_dir)
+    assert (out / "valid.tgt.txt").read_text(encoding="utf-8") == "".join(f"{t}\n" for _, t in valid)
+    assert (out / "test1.src.txt").read_text(encoding="utf-8").count("\n") == 20
+    assert not list(out.glob("train.*.txt"))
+
+
+def test_separate_vocab_files(tmp_path):
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", make_pairs(200)),
+                 joint_vocab=False, vocab_size=60)
+    manifest = prepare(cfg, log=lambda _: None)
+    assert manifest["joint_vocab"] is False
+    assert manifest["spm"] == {"src": "spm.src.model", "tgt": "spm.tgt.model"}
+    out = tmp_path / "bin"
+    assert (out / "spm.src.model").is_file() and (out / "spm.tgt.model").is_file()
+    assert not (out / "spm.model").exists()
+    src_vocab = side_vocab(out, manifest, "src")
+    assert "▁hund" not in src_vocab.encode_pieces("hund")  # German words only in tgt model
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_spm_model_reuse(prepared, tmp_path):
+    cfg, _, _ = prepared
+    model = f"{cfg.out_dir}/spm.model"
+    reuse = config(tmp_path, train=cfg.train, spm_model=model, joint_vocab=False)
+    manifest = prepare(reuse, log=lambda _: None)
+    assert manifest["spm"] == {"src": "spm.model", "tgt": "spm.model"}
+    assert (tmp_path / "bin" / "spm.model").read_bytes() == Path(model).read_bytes()
+    a, _ = load_split(cfg.out_dir, "train")
+    b, _ = load_split(tmp_path / "bin", "train")
+    assert np.array_equal(a.ids, b.ids)
+
+
+def test_gz_input_read_like_plain(tmp_path):
+    pairs = make_pairs(150, seed=3)
+    plain = config(tmp_path / "p", train=write_corpus(tmp_path / "p" / "train", pairs))
+    gz = config(tmp_path / "g", train=write_corpus(tmp_path / "g" / "train", pairs, gz=True))
+    prepare(plain, log=lambda _: None)
+    prepare(gz, log=lambda _: None)
+    for a, b in zip(load_split(plain.out_dir, "train"), load_split(gz.out_dir, "train")):
+        assert np.array_equal(a.ids, b.ids) and np.array_equal(a.offsets, b.offsets)
+
+
+def test_filter_report_counts(tmp_path, capsys):
+    pairs = make_pairs(200, seed=5)
+    long_en = " ".join(["the big red cat"] * 12) + "."
+    crafted = pairs + [
+        ("The dog runs.", ""),  # empty side
+        (long_en, long_en.replace("the big red cat", "der groß rot katze")),  # too long
+        ("Dog.", "Der hund und die katze und der mann und das auto und das haus."),  # ratio
+        pairs[7],  # exact duplicate
+    ]
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", crafted), max_len=40)
+    report = prepare(cfg)["filter_report"]
+    dropped = {"empty": 1, "too_long": 1, "length_ratio": 1, "duplicate": 1}
+    assert report == {"read": 204, "kept": 200, "dropped": dropped}
+    assert load_split(cfg.out_dir, "train")[0].lengths.max() <= 40
+    assert ("train: read 204 pairs, kept 200; dropped: empty 1, too long 1, length ratio 1, "
+            "duplicate 1") in capsys.readouterr().out
+
+
+def test_dedup_off_keeps_duplicates(tmp_path):
+    pairs = make_pairs(100, seed=6)
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", pairs + pairs[:5]), dedup=False)
+    assert prepare(cfg, log=lambda _: None)["filter_report"]["kept"] == 105
+
+
+def expect_error(cfg, *fragments):
+    with pytest.raises(XindaError) as info:
+        prepare(cfg, log=lambda _: None)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+    return message
+
+
+def test_missing_file(tmp_path):
+    write_side(tmp_path / "train.en", ["Hello ."])
+    message = expect_error(config(tmp_path, train=str(tmp_path / "train")), "train.de")
+    assert "file not found" in message and "train.de.gz" in message
+
+
+def test_invalid_utf8_names_line(tmp_path):
+    prefix = write_corpus(tmp_path / "train", make_pairs(5))
+    lines = (tmp_path / "train.de").read_bytes().split(b"\n")
+    lines[2] = b"Der hund \xff."
+    (tmp_path / "train.de").write_bytes(b"\n".join(lines))
+    expect_error(config(tmp_path, train=prefix), "train.de:3:", "UTF-8")
+
+
+def test_misaligned_line_counts(tmp_path):
+    prefix = write_corpus(tmp_path / "train", make_pairs(120))
+    write_side(tmp_path / "train.de", [t for _, t in make_pairs(120)][:119])
+    expect_error(config(tmp_path, train=prefix), "train.de:119:", "train.en has more")
+
+
+def test_empty_corpus(tmp_path):
+    train = write_corpus(tmp_path / "train", make_pairs(50))
+    valid = write_corpus(tmp_path / "valid", [])
+    expect_error(config(tmp_path, train=train, valid=valid), "valid.en", "empty corpus")
+
+
+def test_everything_filtered(tmp_path):
+    prefix = write_corpus(tmp_path / "train", make_pairs(50))
+    expect_error(config(tmp_path, train=prefix, max_len=1),
+                 "train: all 50 training pairs were removed by filtering", "too long 50")
+
+
+def test_everything_empty(tmp_path):
+    prefix = write_corpus(tmp_path / "train", [(s, "") for s, _ in make_pairs(10)])
+    expect_error(config(tmp_path, train=prefix), "all 10 training pairs", "empty 10")
+
+
+def test_load_errors(tmp_path, prepared):
+    with pytest.raises(XindaError, match="manifest.json: not found"):
+        load_manifest(tmp_path)
+    with pytest.raises(XindaError, match="no split 'nope'.*train, valid, test1"):
+        load_split(prepared[0].out_dir, "nope")
+
+
+def test_token_arrays(tmp_path):
+    arrays = TokenArrays.from_sequences([[5, 6], [], [7, 8, 9]])
+    assert len(arrays) == 3 and arrays.lengths.tolist() == [2, 0, 3]
+    assert arrays[-1].tolist() == [7, 8, 9] and arrays[1].size == 0
+    picked = arrays.select(np.array([True, False, True]))
+    assert [x.tolist() for x in picked] == [[5, 6], [7, 8, 9]]
+    with pytest.raises(IndexError):
+        arrays[3]
+    TokenArrays.from_sequences([]).save(tmp_path, "empty")
+    empty = TokenArrays.load(tmp_path, "empty")
+    assert len(empty) == 0 and empty.ids.dtype == np.int32 and empty.offsets.tolist() == [0]

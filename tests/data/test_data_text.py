@@ -1,0 +1,83 @@
+"""TextPipeline: normalisation, pre-tokenisation and its inverse."""
+
+import pickle
+
+import pytest
+
+from xinda.data.text import SPACE_MARK, TextPipeline
+
+
+@pytest.mark.parametrize(
+    ("lang", "line"),
+    [
+        ("en", "Hello, world! Isn't this great? It costs $3.50 (about 3 euros)."),
+        ("en", 'She said "yes" -- and left.'),
+        ("de", "Das ist ein Test, oder? Er sagt: „Hallo!“ Zwei Männer, 3,5 km."),
+        ("de", "Ein Hund läuft über die Straße."),
+    ],
+)
+def test_moses_round_trip(lang, line):
+    pipe = TextPipeline("NFKC", False, "moses", lang)
+    tokens = pipe.preprocess(line)
+    assert tokens != line and "  " not in tokens
+    assert pipe.postprocess(tokens) == line
+
+
+def test_moses_splits_punctuation():
+    pipe = TextPipeline("NFKC", False, "moses", "en")
+    assert pipe.preprocess("Hello, world!") == "Hello , world !"
+
+
+def test_char_round_trip_with_spaces():
+    pipe = TextPipeline("NFC", False, "char", "zh")
+    tokens = pipe.preprocess(" ab  c 你好 ")
+    assert tokens == f"a b {SPACE_MARK} c {SPACE_MARK} 你 好"
+    assert pipe.postprocess(tokens) == "ab c 你好"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["我爱北京天安门和Python编程。", "我喜欢NLP and deep learning。", "他说：“你好！”价格是1,000元。"],
+)
+def test_jieba_round_trip(line):
+    pipe = TextPipeline("NFKC", False, "jieba", "zh")
+    tokens = pipe.preprocess(line)
+    assert " " in tokens and "  " not in tokens
+    assert pipe.postprocess(tokens) == pipe.clean(line)
+
+
+def test_jieba_keeps_spaces_between_latin_words():
+    pipe = TextPipeline("NFKC", False, "jieba", "zh")
+    assert pipe.postprocess("我 喜欢 deep learning 和 NLP , really") == (
+        "我喜欢deep learning和NLP, really"
+    )
+
+
+def test_nfkc_normalisation_lowercase_and_whitespace():
+    assert TextPipeline("NFKC").preprocess("ＡＢＣ１２３") == "ABC123"
+    assert TextPipeline("NFC").preprocess("ＡＢＣ１２３") == "ＡＢＣ１２３"
+    assert TextPipeline("none", lowercase=True).preprocess("  Hello \t WORLD\u3000! ") == (
+        "hello world !"
+    )
+
+
+def test_none_is_identity_after_cleaning():
+    pipe = TextPipeline("NFKC", False, "none", "en")
+    assert pipe.preprocess("a ,b") == "a ,b"
+    assert pipe.postprocess("a ,b") == "a ,b"
+    assert pipe.preprocess_many(["x  y", ""]) == ["x y", ""]
+
+
+def test_pickle_and_manifest_round_trip():
+    pipe = TextPipeline("NFC", True, "moses", "de")
+    assert TextPipeline(**pipe.to_dict()) == pipe
+    clone = pickle.loads(pickle.dumps(pipe))
+    assert clone == pipe
+    assert clone.preprocess("Guten Tag, Welt.") == "guten tag , welt ."
+
+
+def test_rejects_unknown_settings():
+    with pytest.raises(ValueError, match="pretok"):
+        TextPipeline(pretok="spacy")
+    with pytest.raises(ValueError, match="normalize"):
+        TextPipeline(normalize="NFD")

@@ -1,0 +1,103 @@
+import pytest
+import sacrebleu
+
+from xinda.config import XindaError
+from xinda.evaluate.metrics import (
+    Score,
+    bleu_by_length,
+    corpus_scores,
+    format_length_table,
+    read_hyps_refs,
+)
+
+HYPS = ["the cat sat on the mat", "a dog barked loudly today", "hello world"]
+REFS = ["the cat sat on a mat", "the dog barked loudly", "hello there world"]
+REFS2 = ["a cat sat on the mat", "a dog barked loudly today", "hello world !"]
+
+
+def test_identical_bleu_is_100() -> None:
+    (bleu,) = corpus_scores(REFS, REFS, metrics=("bleu",))
+    assert bleu.name == "BLEU"
+    assert bleu.score == pytest.approx(100.0)
+
+
+def test_bleu_matches_sacrebleu() -> None:
+    (bleu,) = corpus_scores(HYPS, REFS, metrics=["bleu"])
+    assert bleu.score == sacrebleu.corpus_bleu(HYPS, [REFS]).score
+    assert "nrefs:1" in bleu.signature and "tok:13a" in bleu.signature
+    assert str(bleu) == f"BLEU = {bleu.score:.2f} ({bleu.signature})"
+
+
+def test_multi_reference_and_tokenize() -> None:
+    (bleu,) = corpus_scores(HYPS, [REFS, REFS2], metrics=["bleu"], tokenize="intl")
+    expected = sacrebleu.corpus_bleu(HYPS, [REFS, REFS2], tokenize="intl").score
+    assert bleu.score == expected
+    assert "nrefs:2" in bleu.signature and "tok:intl" in bleu.signature
+
+
+def test_chrf_and_ter_present() -> None:
+    scores = corpus_scores(HYPS, REFS)
+    assert [s.name for s in scores] == ["BLEU", "chrF2", "TER"]
+    assert all(isinstance(s, Score) and s.signature.startswith("nrefs:1|") for s in scores)
+    assert scores[1].score == sacrebleu.corpus_chrf(HYPS, [REFS]).score
+    assert scores[2].score == sacrebleu.corpus_ter(HYPS, [REFS]).score
+
+
+def test_length_mismatch_is_one_line_error() -> None:
+    with pytest.raises(XindaError) as err:
+        corpus_scores(HYPS[:2], REFS)
+    assert str(err.value) == "hypotheses have 2 lines but references have 3"
+    with pytest.raises(XindaError, match="reference stream 2 has 2"):
+        corpus_scores(HYPS, [REFS, REFS2[:2]])
+    with pytest.raises(XindaError, match="unknown metric"):
+        corpus_scores(HYPS, REFS, metrics=["meteor"])
+
+
+def test_bleu_by_length_words() -> None:
+    sources = [
+        "one two three",  # 3 -> 1-10
+        " ".join(["w"] * 10),  # 10 -> 1-10
+        " ".join(["w"] * 11),  # 11 -> 11-20
+        " ".join(["w"] * 45),  # 45 -> 41+
+        "",  # -> 0
+    ]
+    hyps = ["a b c d", "the cat sat", "x y z", "hello world", "empty"]
+    refs = ["a b c d", "the cat sat down", "x y w", "hello world", "empty"]
+    rows = bleu_by_length(sources, hyps, refs)
+    assert [(r["bucket"], r["sentences"]) for r in rows] == [
+        ("0", 1),
+        ("1-10", 2),
+        ("11-20", 1),
+        ("41+", 1),
+    ]
+    subset = sacrebleu.corpus_bleu(hyps[:2], [refs[:2]]).score
+    assert rows[1]["bleu"] == subset
+    table = format_length_table(rows)
+    assert table.splitlines()[0].split() == ["length", "sentences", "BLEU"]
+    assert len(table.splitlines()) == 5
+    assert len({len(line) for line in table.splitlines()}) == 1  # aligned
+
+
+def test_bleu_by_length_cjk_chars() -> None:
+    sources = ["我爱你", "今天 天气 很好", "这是一个非常非常长的句子用来测试分桶"]  # 3, 6, 18 chars
+    hyps = ["I love you", "the weather is good today", "this is a long sentence"]
+    refs = ["I love you", "the weather is nice today", "this is a very long sentence"]
+    rows = bleu_by_length(sources, hyps, refs, edges=(5, 10), tokenize="13a")
+    assert [(r["bucket"], r["sentences"]) for r in rows] == [("1-5", 1), ("6-10", 1), ("11+", 1)]
+    assert rows[1]["bleu"] == sacrebleu.corpus_bleu(hyps[1:2], [refs[1:2]]).score
+    # the same sources counted in words put everything in the first bucket
+    rows = bleu_by_length(sources, hyps, refs, edges=(5, 10), unit="words")
+    assert [(r["bucket"], r["sentences"]) for r in rows] == [("1-5", 3)]
+    assert rows[0]["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def test_read_hyps_refs(tmp_path) -> None:
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a\nb\n", encoding="utf-8")
+    ref.write_text("a\nb\nc\n", encoding="utf-8")
+    with pytest.raises(XindaError) as err:
+        read_hyps_refs(hyp, ref)
+    assert str(hyp) in str(err.value) and str(ref) in str(err.value)
+    assert "\n" not in str(err.value)
+    ref.write_text("a\nc\n", encoding="utf-8")
+    assert read_hyps_refs(hyp, ref) == (["a", "b"], ["a", "c"])

@@ -1,0 +1,188 @@
+"""Command line: ``xinda prepare | train | translate | evaluate | average | models | demo``.
+
+Every user-facing failure is a ``XindaError``: printed as one line ``xinda: error: ...`` on
+stderr with exit code 1; nothing already written is lost (all outputs are written atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from xinda.config import XindaError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="xinda (信达): neural machine translation, faithful and fluent.")
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override: a.b=value")]
+log = logging.getLogger("xinda")
+
+
+@app.command()
+def prepare(config: Path, set_: SetOpt = None) -> None:
+    """Clean, pre-tokenise, learn sentencepiece and binarise the corpus of CONFIG's data."""
+    from xinda.data.prepare import prepare as run_prepare
+
+    cfg = load_config(config, set_ or [])
+    manifest = run_prepare(cfg.data)
+    sizes = ", ".join(f"{k} {v['pairs']}" for k, v in manifest["splits"].items())
+    print(f"prepared {cfg.data.out_dir}: {sizes}")
+
+
+@app.command()
+def train(config: Path, set_: SetOpt = None,
+          resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint")] = False,
+          ) -> None:
+    """Train the model of CONFIG on its prepared data (run `xinda prepare` first)."""
+    from xinda.train.trainer import Trainer
+
+    cfg = load_config(config, set_ or [])
+    progress = Trainer(cfg).train(resume=resume)
+    print(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
+          f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
+
+
+def _read_input(path: Path | None) -> list[str]:
+    from xinda.utils import read_lines
+
+    if path is None or str(path) == "-":
+        return [line.rstrip("\r\n") for line in sys.stdin]
+    return list(read_lines(path))
+
+
+def _write_output(path: Path | None, lines: list[str]) -> None:
+    from xinda.utils import atomic_write_text
+
+    text = "".join(line + "\n" for line in lines)
+    if path is None or str(path) == "-":
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(path, text)
+
+
+@app.command()
+def translate(
+    model_dir: Path,
+    input: Annotated[Path | None, typer.Option("-i", "--input", help="default: stdin")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="default: stdout")] = None,
+    beam: Annotated[int | None, typer.Option(help="beam size; 1 = greedy")] = None,
+    alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
+    nbest: Annotated[int, typer.Option(help="write the n best: 'i ||| text ||| score'")] = 1,
+    batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
+    max_len_a: float | None = None, max_len_b: int | None = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="weights file to load")] = None,
+    input_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
+    output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
+    scores: Annotated[bool, typer.Option(help="prefix each line with its score")] = False,
+    threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
+) -> None:
+    """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
+    import torch
+
+    from xinda.decode.translator import Translator
+
+    if threads:
+        torch.set_num_threads(threads)
+    lines = _read_input(input)
+    translator = Translator.load(model_dir, checkpoint)
+    options = {k: v for k, v in dict(beam=beam, alpha=alpha, batch_size=batch_size,
+                                     max_len_a=max_len_a, max_len_b=max_len_b).items()
+               if v is not None}
+    start = time.perf_counter()
+    results = translator.translate(lines, input_format=input_format, output_format=output_format,
+                                   nbest=nbest, **options)
+    seconds = time.perf_counter() - start
+    out = []
+    for i, nbest_list in enumerate(results):
+        if nbest > 1:
+            out += [f"{i} ||| {t.text} ||| {t.score:.4f}" for t in nbest_list]
+        else:
+            t = nbest_list[0]
+            out.append(f"{t.score:.4f}\t{t.text}" if scores else t.text)
+    _write_output(output, out)
+    print(f"translated {len(lines)} sentences in {seconds:.2f} s "
+          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s)", file=sys.stderr)
+
+
+@app.command()
+def evaluate(
+    hypotheses: Path, references: Path,
+    source: Annotated[Path | None, typer.Option(help="source file, for --by-length")] = None,
+    by_length: Annotated[bool, typer.Option(help="BLEU per source-length bucket")] = False,
+    tokenize: Annotated[str | None, typer.Option(help="sacrebleu tokenizer, e.g. zh")] = None,
+    metrics: Annotated[str, typer.Option(help="comma-separated: bleu,chrf,ter")] = "bleu,chrf,ter",
+) -> None:
+    """Score HYPOTHESES against REFERENCES with sacrebleu (BLEU, chrF, TER + signatures)."""
+    from xinda.evaluate.metrics import (
+        bleu_by_length,
+        corpus_scores,
+        format_length_table,
+        read_hyps_refs,
+    )
+    from xinda.utils import read_lines
+
+    hyps, refs = read_hyps_refs(hypotheses, references)
+    for score in corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize):
+        print(score)
+    if by_length:
+        if source is None:
+            raise XindaError("--by-length needs --source (lengths are source lengths)")
+        sources = list(read_lines(source))
+        print(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize)))
+
+
+@app.command()
+def average(model_dir: Path,
+            last: Annotated[int, typer.Option(help="average the newest N checkpoints")] = 5,
+            output: Annotated[Path | None, typer.Option("-o")] = None) -> None:
+    """Average the parameters of the last N checkpoints into MODEL_DIR/averaged.safetensors."""
+    from xinda.train.checkpoint import average_checkpoints, list_checkpoints
+
+    paths = list_checkpoints(model_dir)[-last:]
+    out = output or model_dir / "averaged.safetensors"
+    average_checkpoints(paths, out)
+    print(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")
+
+
+@app.command()
+def models() -> None:
+    """List registered model presets with their parameter counts (32k joint vocabulary)."""
+    from xinda.models.base import VocabInfo
+    from xinda.models.registry import ARCHITECTURES, build_model, list_presets
+
+    vocab = VocabInfo(32000, 32000, 0, 2, 3, True)
+    print(f"{'preset':<22} {'arch':<12} {'parameters':>14}  description")
+    for name, arch, cfg in list_presets():
+        params = build_model(cfg, vocab).num_parameters()
+        print(f"{name:<22} {arch:<12} {params:>14,}  {ARCHITECTURES[arch].description}")
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option(help="where data and model go")] = Path("xinda-demo"),
+    seconds: Annotated[float, typer.Option(help="training budget in seconds")] = 120.0,
+) -> None:
+    """Generate a number-words -> digits task, train a small Transformer, translate and score."""
+    from xinda.demo.run import run_demo
+
+    run_demo(workdir, seconds)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        app()
+    except XindaError as err:
+        print(f"xinda: error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("xinda: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,391 @@
+"""``xinda prepare``: raw parallel text -> sentencepiece models + binarised arrays + manifest.
+
+Output directory layout (``cfg.out_dir``)::
+
+    spm.model | spm.src.model + spm.tgt.model     sentencepiece model(s)
+    {split}.{side}.ids.npy                        int32, every sentence's piece ids concatenated
+    {split}.{side}.offsets.npy                    int64, n+1 offsets: sentence i = ids[o[i]:o[i+1]]
+    {split}.{side}.txt                            valid/test only: the raw lines (BLEU refs, sources)
+    manifest.json                                 written last: a directory with one is complete
+
+``side`` is ``src`` or ``tgt``; ``split`` is ``train``, ``valid`` or a test-set name.
+Only ``train`` is filtered; valid and test sets keep every line (even empty ones).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from xinda.config import DataConfig, XindaError
+from xinda.data.text import TextPipeline
+from xinda.data.vocab import SPECIAL_IDS, Vocab
+from xinda.utils import atomic_path, atomic_write_text, read_lines
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SIDES = ("src", "tgt")
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_ENCODE_CHUNK = 20_000
+
+Pair = tuple[list[str], list[str]]  # (src lines, tgt lines)
+
+
+# ---------------------------------------------------------------- token arrays
+
+
+class TokenArrays:
+    """A list of variable-length id sequences stored as flat ``ids`` plus ``offsets``."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self.ids = ids
+        self.offsets = offsets
+        self._lengths: np.ndarray | None = None
+
+    @classmethod
+    def from_sequences(cls, seqs: Sequence[Sequence[int]]) -> TokenArrays:
+        lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=int(offsets[-1]))
+        return cls(ids, offsets)
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenArrays]) -> TokenArrays:
+        if not parts:
+            return cls.from_sequences([])
+        ids = np.concatenate([p.ids for p in parts])
+        lengths = np.concatenate([p.lengths for p in parts])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(ids.astype(np.int32, copy=False), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sentence index {i} out of range for {n} sentences")
+        i %= n
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Token count of every sentence (int64)."""
+        if self._lengths is None:
+            self._lengths = np.diff(self.offsets)
+        return self._lengths
+
+    def select(self, keep: np.ndarray) -> TokenArrays:
+        """The sentences where the boolean mask ``keep`` is true, in order."""
+        ids = self.ids[np.repeat(keep, self.lengths)]
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(self.lengths[keep], out=offsets[1:])
+        return TokenArrays(ids, offsets)
+
+    def save(self, directory: Path, stem: str) -> None:
+        _save_npy(directory / f"{stem}.ids.npy", self.ids.astype(np.int32, copy=False))
+        _save_npy(directory / f"{stem}.offsets.npy", self.offsets.astype(np.int64, copy=False))
+
+    @classmethod
+    def load(cls, directory: Path, stem: str) -> TokenArrays:
+        """Memory-mapped (read-only) arrays written by ``save``."""
+        ids = np.load(directory / f"{stem}.ids.npy", mmap_mode="r")
+        offsets = np.load(directory / f"{stem}.offsets.npy", mmap_mode="r")
+        return cls(ids, offsets)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a handle: np.save adds no suffix
+        np.save(f, array)
+
+
+def encode_lines(sp: spm.SentencePieceProcessor, lines: Sequence[str]) -> TokenArrays:
+    """Encode pre-tokenised lines in batches (no BOS/EOS)."""
+    parts = [
+        TokenArrays.from_sequences(sp.encode(list(lines[i:i + _ENCODE_CHUNK]), out_type=int))
+        for i in range(0, len(lines), _ENCODE_CHUNK)
+    ]
+    return TokenArrays.concat(parts)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def corpus_file(prefix: str, lang: str) -> Path:
+    """``{prefix}.{lang}`` if it exists, else ``{prefix}.{lang}.gz``."""
+    plain = Path(f"{prefix}.{lang}")
+    if plain.is_file():
+        return plain
+    gz = Path(f"{plain}.gz")
+    if gz.is_file():
+        return gz
+    raise XindaError(f"{plain}: file not found (nor {gz})")
+
+
+def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pair:
+    """Read both sides of a parallel corpus, checking they are non-empty and aligned."""
+    paths = [corpus_file(prefix, src_lang), corpus_file(prefix, tgt_lang)]
+    sides = [list(read_lines(p)) for p in paths]
+    for path, lines in zip(paths, sides):
+        if not lines:
+            raise XindaError(f"{path}: empty corpus (no lines)")
+    if len(sides[0]) != len(sides[1]):
+        short, long_ = (0, 1) if len(sides[0]) < len(sides[1]) else (1, 0)
+        n = len(sides[short])
+        raise XindaError(f"{paths[short]}:{n}: ends after {n} lines but {paths[long_]} has more")
+    return sides[0], sides[1]
+
+
+def _split_prefixes(cfg: DataConfig) -> dict[str, str]:
+    """split name -> file prefix, train first."""
+    if not cfg.train:
+        raise XindaError("data.train: no training corpus given (set it to a file prefix)")
+    splits = {"train": cfg.train}
+    if cfg.valid:
+        splits["valid"] = cfg.valid
+    for name, prefix in cfg.test.items():
+        if name in ("train", "valid") or not _SPLIT_NAME.match(name):
+            raise XindaError(f"data.test: invalid test set name {name!r} (use letters, digits, "
+                             "'_', '-', '.'; not 'train' or 'valid')")
+        splits[name] = prefix
+    return splits
+
+
+# ---------------------------------------------------------------- sentencepiece
+
+
+def _spm_error(err: Exception) -> str:
+    """sentencepiece's one-line message without its source-location prefix."""
+    msg = " ".join(str(err).split())
+    return msg.split("] ", 1)[1] if "] " in msg else msg
+
+
+def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
+    """Train a sentencepiece model on non-empty pre-tokenised lines; return its bytes."""
+    if hasattr(spm, "set_random_generator_seed"):
+        spm.set_random_generator_seed(cfg.seed)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model,
+            model_type=cfg.subword, vocab_size=cfg.vocab_size, hard_vocab_limit=False,
+            character_coverage=cfg.character_coverage, **SPECIAL_IDS,
+            input_sentence_size=2_000_000, shuffle_input_sentence=True, num_threads=2,
+            normalization_rule_name="identity",  # TextPipeline already normalised the text
+            minloglevel=2,
+        )
+    except RuntimeError as err:
+        raise XindaError(f"{cfg.train}: sentencepiece training failed: {_spm_error(err)}") from None
+    return model.getvalue()
+
+
+def _write_model(path: Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def _copy_spm_model(src: str, out_dir: Path) -> None:
+    path = Path(src)
+    if not path.is_file():
+        raise XindaError(f"{path}: sentencepiece model not found (data.spm_model)")
+    data = path.read_bytes()
+    try:
+        spm.SentencePieceProcessor(model_proto=data)
+    except RuntimeError:
+        raise XindaError(f"{path}: not a valid sentencepiece model (data.spm_model)") from None
+    _write_model(out_dir / "spm.model", data)
+
+
+def build_spm(cfg: DataConfig, out_dir: Path, train_text: Pair) -> dict[str, str]:
+    """Copy or train the sentencepiece model(s); return side -> file name in ``out_dir``."""
+    if cfg.spm_model:
+        _copy_spm_model(cfg.spm_model, out_dir)
+        return {"src": "spm.model", "tgt": "spm.model"}
+    if cfg.joint_vocab:
+        lines = [line for side in train_text for line in side if line]
+        _write_model(out_dir / "spm.model", train_spm(lines, cfg))
+        return {"src": "spm.model", "tgt": "spm.model"}
+    names = {"src": "spm.src.model", "tgt": "spm.tgt.model"}
+    for side, text in zip(SIDES, train_text):
+        _write_model(out_dir / names[side], train_spm([line for line in text if line], cfg))
+    return names
+
+
+# ---------------------------------------------------------------- filtering
+
+
+def _report(read: int, dropped: dict[str, int]) -> dict:
+    return {"read": read, "kept": read - sum(dropped.values()), "dropped": dropped}
+
+
+def format_report(split: str, report: dict) -> str:
+    d = report["dropped"]
+    return (f"{split}: read {report['read']} pairs, kept {report['kept']}; dropped: "
+            f"empty {d['empty']}, too long {d['too_long']}, length ratio {d['length_ratio']}, "
+            f"duplicate {d['duplicate']}")
+
+
+def _check_not_all_filtered(prefix: str, report: dict) -> None:
+    if report["kept"] == 0:
+        d = report["dropped"]
+        raise XindaError(
+            f"{prefix}: all {report['read']} training pairs were removed by filtering (empty "
+            f"{d['empty']}, too long {d['too_long']}, length ratio {d['length_ratio']}, "
+            f"duplicate {d['duplicate']}; see data.max_len, data.max_len_ratio)"
+        )
+
+
+def _first_occurrences(raw: Pair, candidates: np.ndarray) -> np.ndarray:
+    """Mask of candidate pairs that are not an exact repeat of an earlier candidate."""
+    seen: set[tuple[str, str]] = set()
+    first = np.zeros_like(candidates)
+    for i in np.flatnonzero(candidates):
+        pair = (raw[0][i], raw[1][i])
+        if pair not in seen:
+            seen.add(pair)
+            first[i] = True
+    return first
+
+
+def filter_train(raw: Pair, src: TokenArrays, tgt: TokenArrays,
+                 cfg: DataConfig) -> tuple[np.ndarray, dict]:
+    """Keep-mask and report; each dropped pair is counted under its first failed check."""
+    ls, lt = src.lengths, tgt.lengths
+    empty = (ls == 0) | (lt == 0)
+    too_long = ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
+    ok = ~empty & ~too_long
+    ratio = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
+    bad_ratio = ok & (ratio > cfg.max_len_ratio)
+    keep = ok & ~bad_ratio
+    duplicate = np.zeros_like(keep)
+    if cfg.dedup:
+        duplicate = keep & ~_first_occurrences(raw, keep)
+        keep &= ~duplicate
+    counts = {"empty": empty, "too_long": too_long, "length_ratio": bad_ratio,
+              "duplicate": duplicate}
+    return keep, _report(len(ls), {k: int(v.sum()) for k, v in counts.items()})
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def _pipelines(cfg: DataConfig) -> dict[str, TextPipeline]:
+    return {
+        "src": TextPipeline(cfg.normalize, cfg.lowercase, cfg.pretok_src, cfg.src_lang),
+        "tgt": TextPipeline(cfg.normalize, cfg.lowercase, cfg.pretok_tgt, cfg.tgt_lang),
+    }
+
+
+def _precheck_empty(prefix: str, text: Pair) -> None:
+    """Fail before training sentencepiece if every training pair has an empty side."""
+    n = len(text[0])
+    if not any(s and t for s, t in zip(*text)):
+        _check_not_all_filtered(prefix, _report(n, {"empty": n, "too_long": 0,
+                                                    "length_ratio": 0, "duplicate": 0}))
+
+
+def _binarise_split(split: str, raw: Pair, text: Pair, vocabs: dict[str, Vocab],
+                    cfg: DataConfig, out_dir: Path) -> tuple[dict, dict | None]:
+    """Encode, filter (train only) and write one split; return its stats and filter report."""
+    src, tgt = (encode_lines(vocabs[side].sp, lines) for side, lines in zip(SIDES, text))
+    report = None
+    if split == "train":
+        keep, report = filter_train(raw, src, tgt, cfg)
+        _check_not_all_filtered(cfg.train, report)
+        src, tgt = src.select(keep), tgt.select(keep)
+    else:
+        for side, lines in zip(SIDES, raw):
+            atomic_write_text(out_dir / f"{split}.{side}.txt", "".join(f"{x}\n" for x in lines))
+    src.save(out_dir, f"{split}.src")
+    tgt.save(out_dir, f"{split}.tgt")
+    stats = {"pairs": len(src), "src_tokens": int(src.ids.size), "tgt_tokens": int(tgt.ids.size)}
+    return stats, report
+
+
+def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
+    """Run the whole ``xinda prepare`` pipeline; write ``cfg.out_dir`` and return the manifest."""
+    prefixes = _split_prefixes(cfg)
+    raw = {split: read_parallel(p, cfg.src_lang, cfg.tgt_lang) for split, p in prefixes.items()}
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the end
+    pipes = _pipelines(cfg)
+    text = {split: tuple(pipes[side].preprocess_many(lines) for side, lines in zip(SIDES, pair))
+            for split, pair in raw.items()}
+    _precheck_empty(cfg.train, text["train"])
+    spm_files = build_spm(cfg, out_dir, text["train"])
+    vocabs = {side: Vocab(out_dir / spm_files[side]) for side in SIDES}
+    splits, filter_report = {}, {}
+    for split, pair in raw.items():
+        splits[split], report = _binarise_split(split, pair, text[split], vocabs, cfg, out_dir)
+        if report is not None:
+            filter_report = report
+            log(format_report(split, report))
+        else:
+            log(f"{split}: {splits[split]['pairs']} pairs (not filtered)")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "src_lang": cfg.src_lang,
+        "tgt_lang": cfg.tgt_lang,
+        "joint_vocab": spm_files["src"] == spm_files["tgt"],
+        "spm": spm_files,
+        "text": {side: pipes[side].to_dict() for side in SIDES},
+        "splits": splits,
+        "filter_report": filter_report,
+        "config": cfg.model_dump(mode="json"),
+    }
+    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_manifest(data_dir: str | Path) -> dict:
+    """Read ``{data_dir}/manifest.json`` written by ``prepare``."""
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise XindaError(f"{path}: not found — run xinda prepare first")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise XindaError(f"{path}: invalid manifest ({err})") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise XindaError(f"{path}: unsupported format_version {version} "
+                         f"(expected {FORMAT_VERSION}); re-run xinda prepare")
+    return manifest
+
+
+def load_split(data_dir: str | Path, split: str) -> tuple[TokenArrays, TokenArrays]:
+    """Memory-mapped (src, tgt) token arrays of one split."""
+    data_dir = Path(data_dir)
+    if not (data_dir / f"{split}.src.ids.npy").is_file():
+        available = ", ".join(load_manifest(data_dir)["splits"])
+        raise XindaError(f"{data_dir}: no split '{split}' (available: {available})")
+    return TokenArrays.load(data_dir, f"{split}.src"), TokenArrays.load(data_dir, f"{split}.tgt")
+
+
+def side_pipeline(manifest: dict, side: str) -> TextPipeline:
+    """The TextPipeline that prepared ``side`` ("src" or "tgt")."""
+    return TextPipeline(**manifest["text"][side])
+
+
+def side_vocab(data_dir: str | Path, manifest: dict, side: str) -> Vocab:
+    """The Vocab (sentencepiece model) of ``side`` ("src" or "tgt")."""
+    path = Path(data_dir) / manifest["spm"][side]
+    if not path.is_file():
+        raise XindaError(f"{path}: sentencepiece model not found — run xinda prepare again")
+    return Vocab(path)

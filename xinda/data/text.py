@@ -1,0 +1,141 @@
+"""Text cleaning and pre-tokenisation before sentencepiece, and its inverse for output.
+
+``TextPipeline.preprocess`` = Unicode normalisation -> optional lowercasing -> whitespace
+collapse -> pre-tokenisation (``moses``, ``jieba``, ``char`` or ``none``).
+``TextPipeline.postprocess`` undoes the pre-tokenisation of model output (detokenisation).
+The pipeline holds only its four settings (tokenizer objects are cached per process), so it
+pickles cheaply and is rebuilt from ``manifest.json`` with ``TextPipeline(**settings)``.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable
+from functools import cache, lru_cache
+from itertools import pairwise
+
+SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
+PRETOKS = ("moses", "jieba", "char", "none")
+NORMALIZERS = ("NFKC", "NFC", "none")
+_CLOSING = ",;:!?.)]}%"
+_OPENING = "([{"
+
+
+@cache
+def _moses_tokenizer(lang: str):
+    from sacremoses import MosesTokenizer
+
+    return MosesTokenizer(lang=lang)
+
+
+@cache
+def _moses_detokenizer(lang: str):
+    from sacremoses import MosesDetokenizer
+
+    return MosesDetokenizer(lang=lang)
+
+
+@lru_cache(maxsize=1)
+def _jieba():
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(60)
+    logging.getLogger("jieba").setLevel(60)
+    return jieba
+
+
+def _is_wide(char: str) -> bool:
+    """CJK ideographs, kana, hangul and full-width punctuation (East Asian width W/F)."""
+    return unicodedata.east_asian_width(char) in ("W", "F")
+
+
+def _needs_space(left: str, right: str) -> bool:
+    """Whether detokenised jieba output keeps a space between two tokens' boundary chars."""
+    if _is_wide(left) or _is_wide(right):
+        return False
+    if left.isalnum() and right.isalnum():
+        return True
+    if left in _CLOSING and right.isalnum():
+        return not (left in ",." and right.isdigit())  # keep "1,000" and "3.5" together
+    return right in _OPENING and (left.isalnum() or left in _CLOSING)
+
+
+def jieba_detokenize(text: str) -> str:
+    """Join jieba tokens: no spaces around CJK, single spaces between Latin/digit words."""
+    tokens = text.split()
+    if not tokens:
+        return ""
+    out = [tokens[0]]
+    for prev, tok in pairwise(tokens):
+        if _needs_space(prev[-1], tok[0]):
+            out.append(" ")
+        out.append(tok)
+    return "".join(out)
+
+
+class TextPipeline:
+    """Normalise + pre-tokenise one language side; ``postprocess`` detokenises output."""
+
+    def __init__(
+        self, normalize: str = "NFKC", lowercase: bool = False, pretok: str = "none",
+        lang: str = "en",
+    ):
+        if normalize not in NORMALIZERS:
+            raise ValueError(f"normalize must be one of {NORMALIZERS}, got {normalize!r}")
+        if pretok not in PRETOKS:
+            raise ValueError(f"pretok must be one of {PRETOKS}, got {pretok!r}")
+        self.normalize = normalize
+        self.lowercase = bool(lowercase)
+        self.pretok = pretok
+        self.lang = lang
+
+    def to_dict(self) -> dict:
+        """The settings stored in the manifest; ``TextPipeline(**d)`` rebuilds the pipeline."""
+        return {"normalize": self.normalize, "lowercase": self.lowercase,
+                "pretok": self.pretok, "lang": self.lang}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"TextPipeline({args})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextPipeline) and self.to_dict() == other.to_dict()
+
+    def clean(self, line: str) -> str:
+        """Normalisation, lowercasing and whitespace collapse (no tokenisation)."""
+        if self.normalize != "none":
+            line = unicodedata.normalize(self.normalize, line)
+        if self.lowercase:
+            line = line.lower()
+        return " ".join(line.split())
+
+    def preprocess(self, line: str) -> str:
+        """Raw line -> cleaned, pre-tokenised text ready for sentencepiece."""
+        line = self.clean(line)
+        if not line or self.pretok == "none":
+            return line
+        if self.pretok == "moses":
+            return _moses_tokenizer(self.lang).tokenize(
+                line, escape=False, aggressive_dash_splits=False, return_str=True
+            )
+        if self.pretok == "jieba":
+            return " ".join(t for t in _jieba().lcut(line) if t.strip())
+        return " ".join(SPACE_MARK if c == " " else c for c in line)  # char
+
+    def preprocess_many(self, lines: Iterable[str]) -> list[str]:
+        return [self.preprocess(line) for line in lines]
+
+    def postprocess(self, text: str) -> str:
+        """Decoded (pre-tokenised) model output -> plain text."""
+        if self.pretok == "moses":
+            return _moses_detokenizer(self.lang).detokenize(text.split())
+        if self.pretok == "char":
+            return " ".join(text.replace(" ", "").replace(SPACE_MARK, " ").split())
+        if self.pretok == "jieba":
+            return jieba_detokenize(text)
+        return text
+
+    def postprocess_many(self, texts: Iterable[str]) -> list[str]:
+        return [self.postprocess(text) for text in texts]

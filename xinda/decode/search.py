@@ -1,0 +1,163 @@
+"""Greedy and batched beam search over any ``Seq2SeqModel`` with incremental state.
+
+Beam search keeps ``beam`` live hypotheses per sentence, ranks 2*beam candidates per step,
+finalises those ending in EOS among the top ``beam`` ranks, and drops a sentence from the
+batch once it has ``beam`` finished hypotheses (or hits its maximum length, where EOS is forced).
+Finished hypotheses are ranked by the GNMT length-normalised score log P(y|x) / lp(y).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from xinda.models.base import Seq2SeqModel
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # target ids without BOS and EOS
+    score: float  # log-probability / length penalty (what the ranking uses)
+    logprob: float  # sum of token log-probabilities, EOS included
+    attention: Tensor | None = field(default=None, repr=False)  # (len + 1, S) incl. EOS row
+
+
+def length_penalty(length: int | Tensor, alpha: float):
+    """GNMT length penalty (Wu et al. 2016, eq. 14): lp(Y) = ((5 + |Y|) / 6)^alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_lengths(src_len: Tensor, a: float, b: int, limit: int) -> Tensor:
+    """Per-sentence output limit a * |x| + b, capped by the model's position table."""
+    return (src_len.float() * a + b).long().clamp(min=1, max=limit)
+
+
+def _step_logprobs(model: Seq2SeqModel, last: Tensor, enc, state: dict, need_attention: bool,
+                   force_eos: Tensor) -> tuple[Tensor, Tensor | None]:
+    """One decoder step -> log-probabilities (N, V) with BOS/PAD banned and EOS forced where
+    ``force_eos`` (N,) is True; plus the step's source attention (N, S) when asked."""
+    logits, attn = model.decode(last, enc, state, need_weights=need_attention)
+    logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
+    logp[:, model.vocab.pad] = float("-inf")
+    logp[:, model.vocab.bos] = float("-inf")
+    if force_eos.any():
+        eos_col = logp[:, model.vocab.eos].clone()
+        logp[force_eos] = float("-inf")
+        logp[force_eos, model.vocab.eos] = eos_col[force_eos]
+    return logp, None if attn is None else attn[:, -1].float()
+
+
+def _model_limit(model: Seq2SeqModel) -> int:
+    cfg = getattr(model, "cfg", None)
+    return getattr(cfg, "max_positions", 1024) - 1
+
+
+@torch.no_grad()
+def greedy_search(model: Seq2SeqModel, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10,
+                  alpha: float = 1.0, need_attention: bool = False) -> list[Hypothesis]:
+    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence."""
+    vocab = model.vocab
+    enc = model.encode(src)
+    limits = max_lengths((~enc.src_pad).sum(1), max_len_a, max_len_b, _model_limit(model))
+    batch = src.size(0)
+    tokens = torch.full((batch, 1), vocab.bos, dtype=torch.long, device=src.device)
+    logprob = torch.zeros(batch, device=src.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    attns, state = [], {}
+    for step in range(int(limits.max())):
+        logp, attn = _step_logprobs(model, tokens[:, -1:], enc, state, need_attention,
+                                    step + 1 >= limits)
+        best_lp, best = logp.max(dim=-1)  # (B,)
+        best = best.masked_fill(done, vocab.pad)
+        logprob += best_lp.masked_fill(done, 0.0)
+        tokens = torch.cat([tokens, best[:, None]], dim=1)
+        if attn is not None:
+            attns.append(attn)
+        done |= best.eq(vocab.eos)
+        if done.all():
+            break
+    return [_greedy_hypothesis(tokens[i, 1:], float(logprob[i]), alpha, vocab.eos,
+                               torch.stack([a[i] for a in attns]) if attns else None)
+            for i in range(batch)]
+
+
+def _greedy_hypothesis(row: Tensor, logprob: float, alpha: float, eos: int,
+                       attn: Tensor | None) -> Hypothesis:
+    ids = row.tolist()
+    length = ids.index(eos) if eos in ids else len(ids)
+    attn = None if attn is None else attn[: length + 1]
+    return Hypothesis(ids[:length], logprob / length_penalty(length + 1, alpha), logprob, attn)
+
+
+@dataclass
+class _Beams:
+    """Live beam state: N sentences x K beams, flattened to N*K rows."""
+
+    alive: Tensor  # (N,) original sentence index of each live sentence
+    tokens: Tensor  # (N*K, t) ids so far, starting with BOS
+    scores: Tensor  # (N, K) cumulative log-probabilities
+    attention: Tensor | None  # (N*K, t-1, S) attention history, when asked
+
+
+@torch.no_grad()
+def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 1.0,
+                max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1,
+                need_attention: bool = False) -> list[list[Hypothesis]]:
+    """Batched beam search. src (B, S) -> for each sentence its ``nbest`` best hypotheses."""
+    vocab, k = model.vocab, beam
+    batch, device = src.size(0), src.device
+    enc = model.encode(src)
+    limits = max_lengths((~enc.src_pad).sum(1), max_len_a, max_len_b, _model_limit(model))
+    enc = enc.reorder(torch.arange(batch, device=device).repeat_interleave(k))
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: keep one
+    beams = _Beams(torch.arange(batch, device=device),
+                   torch.full((batch * k, 1), vocab.bos, dtype=torch.long, device=device),
+                   scores, None)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    state: dict = {}
+    for step in range(int(limits.max())):
+        force = (step + 1 >= limits[beams.alive]).repeat_interleave(k)
+        logp, attn = _step_logprobs(model, beams.tokens[:, -1:], enc, state, need_attention, force)
+        if attn is not None:
+            hist = attn[:, None] if beams.attention is None else torch.cat(
+                [beams.attention, attn[:, None]], 1)
+            beams.attention = hist
+        n = beams.alive.numel()
+        cand = (beams.scores[:, :, None] + logp.view(n, k, -1)).view(n, -1)  # (N, K*V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (N, 2K)
+        src_beam, token = top_idx // logp.size(-1), top_idx % logp.size(-1)
+        is_eos = token.eq(vocab.eos) & top_scores.gt(float("-inf"))
+        _finalise(beams, finished, top_scores, src_beam, is_eos, k, alpha)
+        keep_rank = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).argsort(1)[:, :k]
+        rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, keep_rank))
+        done = torch.tensor([len(finished[int(i)]) >= k for i in beams.alive], device=device)
+        if done.all():
+            break
+        live = ~done
+        rows = rows[live].view(-1)  # (N'*K,) rows of the previous step to continue
+        model.reorder_state(state, rows)
+        if not live.all():
+            enc = enc.reorder(torch.arange(n, device=device).repeat_interleave(k)[rows])
+        new_tokens = token.gather(1, keep_rank)[live].view(-1, 1)
+        beams = _Beams(beams.alive[live], torch.cat([beams.tokens[rows], new_tokens], 1),
+                       top_scores.gather(1, keep_rank)[live],
+                       None if beams.attention is None else beams.attention[rows])
+    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tensor,
+              src_beam: Tensor, is_eos: Tensor, k: int, alpha: float) -> None:
+    """Move EOS candidates ranked within the top ``k`` into ``finished``."""
+    length = beams.tokens.size(1)  # BOS + tokens so far = |y| incl. the new EOS
+    for n, rank in is_eos[:, :k].nonzero().tolist():
+        sent = int(beams.alive[n])
+        if len(finished[sent]) >= k:
+            continue
+        row = n * k + int(src_beam[n, rank])
+        logprob = float(top_scores[n, rank])
+        attn = None if beams.attention is None else beams.attention[row]
+        finished[sent].append(Hypothesis(beams.tokens[row, 1:].tolist(),
+                                         logprob / length_penalty(length, alpha), logprob, attn))

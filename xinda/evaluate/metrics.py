@@ -1,0 +1,223 @@
+"""Corpus-level MT metrics (sacreBLEU's BLEU, chrF, TER) and BLEU broken down by source length.
+
+References are either one stream (``list[str]``, one line per hypothesis) or several streams
+(``list[list[str]]``, each stream one line per hypothesis), as in sacreBLEU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.metrics.base import Metric
+
+from xinda.config import XindaError
+from xinda.utils import read_lines
+
+Refs = Sequence[str] | Sequence[Sequence[str]]
+LengthUnit = Literal["auto", "words", "chars"]
+
+METRICS = ("bleu", "chrf", "chrf++", "ter")
+
+
+@dataclass
+class Score:
+    """One corpus score with its sacreBLEU signature (for reproducible reporting)."""
+
+    name: str  # sacreBLEU's metric name: "BLEU", "chrF2", "chrF2++", "TER"
+    score: float
+    signature: str  # e.g. "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.score:.2f} ({self.signature})"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ref_streams(refs: Refs) -> list[list[str]]:
+    """Normalise one reference stream or several into a list of streams."""
+    if all(isinstance(r, str) for r in refs):
+        return [list(refs)]  # type: ignore[arg-type]
+    return [list(stream) for stream in refs]
+
+
+def _check_lengths(hyps: Sequence[str], streams: list[list[str]]) -> None:
+    for i, stream in enumerate(streams, start=1):
+        if len(stream) != len(hyps):
+            which = "references" if len(streams) == 1 else f"reference stream {i}"
+            verb = "have" if len(streams) == 1 else "has"
+            raise XindaError(f"hypotheses have {len(hyps)} lines but {which} {verb} {len(stream)}")
+    if not hyps:
+        raise XindaError("no hypotheses to score (empty input)")
+
+
+def _make_bleu(tokenize: str | None) -> BLEU:
+    if tokenize is None:
+        return BLEU()
+    try:
+        return BLEU(tokenize=tokenize)
+    except KeyError:
+        raise XindaError(
+            f"unknown BLEU tokenizer {tokenize!r}; e.g. 13a, intl, zh, char, none"
+        ) from None
+
+
+def _make_metric(name: str, tokenize: str | None) -> Metric:
+    key = name.lower()
+    if key == "bleu":
+        return _make_bleu(tokenize)
+    if key == "chrf":
+        return CHRF()
+    if key == "chrf++":
+        return CHRF(word_order=2)
+    if key == "ter":
+        return TER()
+    raise XindaError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}")
+
+
+def corpus_scores(
+    hyps: Sequence[str],
+    refs: Refs,
+    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+    tokenize: str | None = None,
+) -> list[Score]:
+    """Score ``hyps`` against one or more reference streams with each of ``metrics``.
+
+    ``tokenize`` is passed to BLEU only ("13a", "intl", "zh", ...); None = sacreBLEU's default.
+    """
+    streams = _ref_streams(refs)
+    _check_lengths(hyps, streams)
+    hyps = list(hyps)
+    scores = []
+    for name in metrics:
+        metric = _make_metric(name, tokenize)
+        result = metric.corpus_score(hyps, streams)
+        signature = metric.get_signature().format()
+        scores.append(Score(name=result.name, score=float(result.score), signature=signature))
+    return scores
+
+
+# --- BLEU by source length ---------------------------------------------------------------------
+
+# Han, kana, Hangul and CJK punctuation/fullwidth forms.
+_CJK_RANGES = (
+    (0x1100, 0x11FF),  # Hangul Jamo
+    (0x2E80, 0x2FDF),  # CJK radicals
+    (0x3000, 0x30FF),  # CJK punctuation, Hiragana, Katakana
+    (0x3100, 0x31FF),  # Bopomofo, Hangul compatibility Jamo, Katakana ext.
+    (0x3400, 0x4DBF),  # CJK ext. A
+    (0x4E00, 0x9FFF),  # CJK unified ideographs
+    (0xAC00, 0xD7AF),  # Hangul syllables
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFF00, 0xFFEF),  # halfwidth and fullwidth forms
+    (0x20000, 0x2FA1F),  # CJK ext. B-F, compatibility supplement
+)
+
+
+def _is_cjk(ch: str) -> bool:
+    cp = ord(ch)
+    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+
+
+def is_mostly_cjk(lines: Sequence[str]) -> bool:
+    """True if more than half of the non-space characters in ``lines`` are CJK."""
+    total = cjk = 0
+    for line in lines:
+        for ch in line:
+            if not ch.isspace():
+                total += 1
+                cjk += _is_cjk(ch)
+    return total > 0 and cjk * 2 > total
+
+
+def sentence_length(text: str, unit: Literal["words", "chars"]) -> int:
+    """Length in whitespace tokens ("words") or non-space characters ("chars")."""
+    if unit == "words":
+        return len(text.split())
+    return sum(not ch.isspace() for ch in text)
+
+
+def _bucket_labels(edges: Sequence[int]) -> list[str]:
+    labels, lo = [], 1
+    for edge in edges:
+        labels.append(f"{lo}-{edge}")
+        lo = edge + 1
+    labels.append(f"{lo}+")
+    return labels
+
+
+def _bucket_index(length: int, edges: Sequence[int]) -> int:
+    for i, edge in enumerate(edges):
+        if length <= edge:
+            return i
+    return len(edges)
+
+
+def bleu_by_length(
+    sources: Sequence[str],
+    hyps: Sequence[str],
+    refs: Refs,
+    edges: Sequence[int] = (10, 20, 30, 40),
+    tokenize: str | None = None,
+    unit: LengthUnit = "auto",
+) -> list[dict]:
+    """Corpus BLEU per source-length bucket: ``[{"bucket": "1-10", "sentences": n, "bleu": x}]``.
+
+    Buckets are 1..edges[0], edges[0]+1..edges[1], ..., and edges[-1]+1 and longer; empty
+    sources form a "0" bucket. Empty buckets are left out. ``unit`` "auto" counts characters
+    when the sources are mostly CJK, else whitespace-separated words.
+    """
+    if list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
+        raise XindaError(f"length bucket edges must be increasing positive integers: {edges}")
+    if unit not in ("auto", "words", "chars"):
+        raise XindaError(f"unknown length unit {unit!r}; choose from auto, words, chars")
+    streams = _ref_streams(refs)
+    _check_lengths(hyps, streams)
+    if len(sources) != len(hyps):
+        raise XindaError(f"sources have {len(sources)} lines but hypotheses have {len(hyps)}")
+    if unit == "auto":
+        unit = "chars" if is_mostly_cjk(sources) else "words"
+
+    groups: dict[int, list[int]] = {}  # bucket index (-1 = empty source) -> sentence indices
+    for i, src in enumerate(sources):
+        length = sentence_length(src, unit)
+        groups.setdefault(-1 if length == 0 else _bucket_index(length, edges), []).append(i)
+
+    labels = _bucket_labels(edges)
+    bleu = _make_bleu(tokenize)
+    rows = []
+    for b in sorted(groups):
+        idx = groups[b]
+        sub_hyps = [hyps[i] for i in idx]
+        sub_refs = [[stream[i] for i in idx] for stream in streams]
+        score = bleu.corpus_score(sub_hyps, sub_refs).score
+        rows.append({"bucket": "0" if b < 0 else labels[b], "sentences": len(idx), "bleu": score})
+    return rows
+
+
+def format_length_table(rows: Sequence[dict]) -> str:
+    """Render ``bleu_by_length`` rows as an aligned text table."""
+    header = ("length", "sentences", "BLEU")
+    body = [(r["bucket"], str(r["sentences"]), f"{r['bleu']:.2f}") for r in rows]
+    widths = [max(len(row[c]) for row in [header, *body]) for c in range(3)]
+    lines = [
+        f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}"
+        for row in [header, *body]
+    ]
+    return "\n".join(lines)
+
+
+def read_hyps_refs(hyp_path: str | Path, ref_path: str | Path) -> tuple[list[str], list[str]]:
+    """Read a hypothesis and a reference file (plain or .gz); their line counts must match."""
+    hyps = list(read_lines(hyp_path))
+    refs = list(read_lines(ref_path))
+    if len(hyps) != len(refs):
+        raise XindaError(
+            f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}; "
+            "hypotheses and references must be line-parallel"
+        )
+    return hyps, refs

@@ -1,0 +1,83 @@
+"""The contract every sequence-to-sequence model follows, so one search drives them all.
+
+A model encodes a padded source batch once, then decodes either a whole target prefix
+(teacher forcing) or, with an incremental ``state``, one new token per call. Beam search
+reorders the state and encoder output with ``reorder`` when hypotheses move between beams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class VocabInfo:
+    """What a model needs to know about its vocabularies."""
+
+    src_size: int
+    tgt_size: int
+    pad: int
+    bos: int
+    eos: int
+    joint: bool  # one vocabulary for both sides (allows shared embeddings)
+
+
+@dataclass
+class EncoderOut:
+    memory: Tensor  # (B, S, D) encoder states
+    src_pad: Tensor  # (B, S) bool, True at padding
+
+    @property
+    def keep(self) -> Tensor:  # (B, 1, 1, S) bool, True where attention may look
+        return ~self.src_pad[:, None, None, :]
+
+    def reorder(self, order: Tensor) -> EncoderOut:
+        return EncoderOut(self.memory.index_select(0, order), self.src_pad.index_select(0, order))
+
+
+class Seq2SeqModel(nn.Module):
+    """Base class: subclasses implement ``encode``, ``decode`` and ``reorder_state``."""
+
+    vocab: VocabInfo
+
+    def encode(self, src: Tensor) -> EncoderOut:
+        """src (B, S) token ids, right-padded -> EncoderOut."""
+        raise NotImplementedError
+
+    def decode(self, prev: Tensor, enc: EncoderOut, state: dict | None = None,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """prev (B, T) target ids starting with BOS -> logits (B, T, V) and, when asked,
+        source attention (B, T, S). With ``state`` (a dict the model fills), ``prev`` holds only
+        the newest token (B, 1) and earlier steps are read from the state."""
+        raise NotImplementedError
+
+    def reorder_state(self, state: dict, order: Tensor) -> None:
+        """Select/reorder the batch dimension of every cached tensor in ``state``."""
+        raise NotImplementedError
+
+    def forward(self, src: Tensor, prev: Tensor) -> Tensor:
+        return self.decode(prev, self.encode(src))[0]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+
+def reorder_nested(state, order: Tensor):
+    """index_select every tensor in a nested dict/list on dim 0 (in place for containers)."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, order)
+    if isinstance(state, dict):
+        for key, value in state.items():
+            state[key] = reorder_nested(value, order)
+    elif isinstance(state, list):
+        for i, value in enumerate(state):
+            state[i] = reorder_nested(value, order)
+    return state
+
+
+def causal_keep(length: int, device: torch.device) -> Tensor:
+    """(T, T) bool, True on and below the diagonal: position t sees positions <= t."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()

@@ -1,0 +1,191 @@
+"""Small building blocks shared by model families: positions, embeddings, attention, FFN.
+
+Shapes: B batch, S source length, T target length, D model width, H heads, Dh = D / H.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Dropout(nn.Module):
+    """Inverted dropout with a cheaper random source than ``nn.Dropout``.
+
+    On CPU, ``torch.bernoulli_`` costs ~25 % of a small Transformer's training step. Here the
+    keep mask compares 16-bit random integers (four per ``random_()`` int64 draw) with a
+    threshold, so the drop rate is p rounded to a multiple of 1/65536. Same expectation as
+    ``nn.Dropout``: kept values are scaled by 1 / (1 - p). Identity at inference.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = round(p * 65536) - 32768  # int16 draws >= threshold are kept
+        self.scale = 1.0 / (1.0 - round(p * 65536) / 65536) if p < 1 else 0.0
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        n = x.numel()
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device)
+        bits.random_(-(2**63), 2**63 - 1)  # full 64 random bits = four int16 lanes
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= self.threshold
+        return torch.where(keep, x * self.scale, 0.0)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
+    """Sinusoidal positions (Vaswani et al. eq. 5): PE(p, 2i) = sin(p / 10000^(2i/D)),
+    PE(p, 2i+1) = cos(p / 10000^(2i/D)). Returns (n_positions, dim)."""
+    pos = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2).float() / dim)  # (D/2,)
+    table = torch.zeros(n_positions, dim)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq[: dim // 2])
+    return table
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding scaled by sqrt(D), plus sinusoidal positions, then dropout."""
+
+    def __init__(self, vocab_size: int, dim: int, pad_id: int, dropout: float,
+                 max_positions: int = 1024, scale: bool = True):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=dim**-0.5)
+        with torch.no_grad():
+            self.embed.weight[pad_id].zero_()
+        self.scale = math.sqrt(dim) if scale else 1.0
+        self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """ids (B, T) -> (B, T, D); ``start`` offsets positions for incremental decoding."""
+        length = ids.size(1)
+        if start + length > self.positions.size(0):
+            raise ValueError(f"sequence of {start + length} tokens exceeds max_positions "
+                             f"{self.positions.size(0)}")
+        x = self.embed(ids) * self.scale + self.positions[start:start + length]
+        return self.dropout(x)
+
+
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
+                        dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, written out: softmax(q k^T / sqrt(Dh)) v (Vaswani eq. 1).
+
+    q (B, H, T, Dh), k/v (B, H, S, Dh), keep: bool broadcastable to (B, H, T, S), True = attend.
+    Returns (output (B, H, T, Dh), weights (B, H, T, S)).
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    weights = torch.nan_to_num(weights)  # a fully masked row attends to nothing
+    return F.dropout(weights, dropout) @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani eq. 4-5) with a key/value cache for incremental decoding.
+
+    Self-attention projects q, k, v with one fused matmul; cross-attention projects k, v of the
+    (static) memory once per sentence and caches them. The fast path is PyTorch's fused
+    ``scaled_dot_product_attention``; ``need_weights=True`` takes the readable reference path
+    and also returns the attention weights averaged over heads (B, T, S).
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float, self_attention: bool):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"d_model {dim} is not divisible by {heads} heads")
+        self.heads, self.head_dim, self.dropout = heads, dim // heads, dropout
+        self.self_attention = self_attention
+        if self_attention:
+            self.qkv = nn.Linear(dim, 3 * dim)
+        else:
+            self.q = nn.Linear(dim, dim)
+            self.kv = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+        for lin in (m for m in self.children() if isinstance(m, nn.Linear)):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def _split(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, H, T, Dh)
+        return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
+
+    def _project(self, x: Tensor, memory: Tensor | None, cache: dict | None):
+        if self.self_attention:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            q, k, v = self._split(q), self._split(k), self._split(v)
+            if cache is not None:
+                if "k" in cache:  # append this step's keys/values to the cache
+                    k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+                cache["k"], cache["v"] = k, v
+            return q, k, v
+        q = self._split(self.q(x))
+        if cache is not None and "k" in cache:
+            return q, cache["k"], cache["v"]
+        k, v = (self._split(t) for t in self.kv(memory).chunk(2, dim=-1))
+        if cache is not None:
+            cache["k"], cache["v"] = k, v
+        return q, k, v
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, keep: Tensor | None = None,
+                causal: bool = False, cache: dict | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D); memory (B, S, D) for cross-attention; keep bool (B, 1, 1, S) or
+        (B, 1, T, S), True = may attend; causal adds the future mask (self-attention).
+        Returns (output (B, T, D), head-averaged weights (B, T, S) or None)."""
+        q, k, v = self._project(x, memory, cache)
+        p = self.dropout if self.training else 0.0
+        causal = causal and q.size(2) > 1  # one new query may see every cached key
+        if need_weights:
+            if causal:
+                future = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device)
+                future = future.tril(k.size(2) - q.size(2))
+                keep = future if keep is None else keep & future
+            out, weights = attention_reference(q, k, v, keep, p)
+            weights = weights.mean(1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
+                                                 is_causal=causal and keep is None)
+            weights = None
+        return self.out(out.transpose(1, 2).flatten(2)), weights  # (B, T, D)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN (Vaswani eq. 2): W2 dropout(act(W1 x + b1)) + b2."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float, activation: str = "relu"):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.act = {"relu": nn.ReLU(), "gelu": nn.GELU()}[activation]
+        self.dropout = Dropout(dropout)
+        for lin in (self.w1, self.w2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.dropout(self.act(self.w1(x))))
+
+
+class SublayerConnection(nn.Module):
+    """Residual connection around a sub-layer with LayerNorm before it (pre-norm,
+    x + F(LN(x))) or after it (post-norm, LN(x + F(x))); dropout on F's output."""
+
+    def __init__(self, dim: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(dim), Dropout(dropout), pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, object]:
+        """``sublayer`` maps a (B, T, D) tensor to (output, extra); extra is passed through."""
+        if self.pre_norm:
+            y, extra = sublayer(self.norm(x))
+            return x + self.dropout(y), extra
+        y, extra = sublayer(x)
+        return self.norm(x + self.dropout(y)), extra

@@ -1,0 +1,73 @@
+"""Model registry: architecture name -> (config class, builder), and named presets.
+
+A model spec in YAML is either ``{preset: NAME, <overrides>}`` or ``{arch: NAME, <fields>}``;
+``resolve`` validates it into the architecture's typed config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from xinda.config import XindaError, format_validation_error
+from xinda.models.base import Seq2SeqModel, VocabInfo
+
+
+@dataclass(frozen=True)
+class Architecture:
+    config: type[BaseModel]
+    build: Callable[[Any, VocabInfo], Seq2SeqModel]
+    description: str
+
+
+ARCHITECTURES: dict[str, Architecture] = {}
+PRESETS: dict[str, dict[str, Any]] = {}
+
+
+def register_architecture(name: str, config: type[BaseModel], description: str):
+    def wrap(build):
+        ARCHITECTURES[name] = Architecture(config, build, description)
+        return build
+    return wrap
+
+
+def register_preset(name: str, **fields: Any) -> None:
+    PRESETS[name] = dict(fields)
+
+
+def _load_families() -> None:
+    import xinda.models.transformer  # noqa: F401  (registers itself)
+
+
+def resolve(spec: dict[str, Any]) -> BaseModel:
+    """Validate a model spec (preset + overrides, or arch + fields) into its config."""
+    _load_families()
+    spec = dict(spec)
+    fields: dict[str, Any] = {}
+    if "preset" in spec:
+        name = spec.pop("preset")
+        if name not in PRESETS:
+            raise XindaError(f"model.preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        fields.update(PRESETS[name])
+    fields.update(spec)
+    arch = fields.get("arch")
+    if arch not in ARCHITECTURES:
+        raise XindaError(f"model.arch: unknown architecture {arch!r}; known: "
+                         f"{', '.join(ARCHITECTURES)}")
+    try:
+        return ARCHITECTURES[arch].config.model_validate(fields)
+    except ValidationError as err:
+        raise XindaError(format_validation_error(err, "model")) from None
+
+
+def build_model(spec: dict[str, Any] | BaseModel, vocab: VocabInfo) -> Seq2SeqModel:
+    cfg = spec if isinstance(spec, BaseModel) else resolve(spec)
+    return ARCHITECTURES[cfg.arch].build(cfg, vocab)
+
+
+def list_presets() -> list[tuple[str, str, BaseModel]]:
+    _load_families()
+    return [(name, fields["arch"], resolve({"preset": name})) for name, fields in PRESETS.items()]

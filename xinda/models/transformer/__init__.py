@@ -1,0 +1,23 @@
+"""Transformer family: registration and presets."""
+
+from xinda.models.registry import register_architecture, register_preset
+from xinda.models.transformer.model import Transformer, TransformerConfig
+
+register_architecture("transformer", TransformerConfig,
+                      "encoder-decoder Transformer (post-/pre-norm)")(Transformer)
+
+# Vaswani et al. 2017, table 3 "base" and "big".
+register_preset("transformer-base", arch="transformer")
+register_preset("transformer-big", arch="transformer", d_model=1024, heads=16, ffn_dim=4096,
+                dropout=0.3)
+# Deep encoder, shallow decoder: pre-norm keeps a 30-layer stack trainable (textbook ch. 15).
+register_preset("transformer-deep", arch="transformer", norm="pre", encoder_layers=30,
+                decoder_layers=6)
+# Small enough for the demo and for tests on a laptop CPU.
+register_preset("transformer-tiny", arch="transformer", d_model=128, heads=4, ffn_dim=512,
+                encoder_layers=2, decoder_layers=2, norm="pre")
+# The peer benchmark's matched configuration (3+3, d 256, 4 heads, FFN 1024, pre-norm).
+register_preset("transformer-small", arch="transformer", d_model=256, heads=4, ffn_dim=1024,
+                encoder_layers=3, decoder_layers=3, norm="pre")
+
+__all__ = ["Transformer", "TransformerConfig"]

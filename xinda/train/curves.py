@@ -1,0 +1,65 @@
+"""Training log (CSV, one row per logged update or validation) and its PNG plot."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+FIELDS = ["step", "epoch", "lr", "train_loss", "train_nll", "tok_per_s", "elapsed_s",
+          "valid_loss", "valid_ppl", "valid_bleu"]
+
+
+class CsvLog:
+    def __init__(self, path: Path):
+        self.path = path
+        if not path.exists():
+            with path.open("w", newline="") as f:
+                csv.writer(f).writerow(FIELDS)
+
+    def write(self, **row) -> None:
+        with self.path.open("a", newline="") as f:
+            csv.writer(f).writerow([_fmt(row.get(k)) for k in FIELDS])
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def read_log(path: Path) -> list[dict[str, float]]:
+    with path.open(newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)}
+                for row in csv.DictReader(f)]
+
+
+def plot_curves(log_path: Path, png_path: Path, title: str = "") -> None:
+    """Train loss (per token) and validation loss/BLEU against updates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_log(log_path)
+    train = [(r["step"], r["train_loss"]) for r in rows if "train_loss" in r]
+    valid = [(r["step"], r["valid_loss"]) for r in rows if "valid_loss" in r]
+    bleu = [(r["step"], r["valid_bleu"]) for r in rows if "valid_bleu" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="train loss", lw=1)
+    if valid:
+        ax.plot(*zip(*valid), "o-", label="valid loss")
+    ax.set_xlabel("update")
+    ax.set_ylabel("loss per token")
+    ax.set_title(title)
+    if bleu:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*bleu), "s--", color="tab:green", label="valid BLEU")
+        ax2.set_ylabel("BLEU")
+        ax2.legend(loc="upper center")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    from xinda.utils import atomic_save
+
+    atomic_save(png_path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)

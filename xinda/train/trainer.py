@@ -1,0 +1,267 @@
+"""The training loop: token batches, label-smoothed loss, scheduled Adam/SGD, checkpoints that
+resume exactly, validation loss and BLEU, early stopping, progress bar, CSV log and curves."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from xinda.config import ExperimentConfig, XindaError, save_config
+from xinda.data.batching import Batch, collate, make_batches
+from xinda.data.prepare import load_manifest, load_split, side_vocab
+from xinda.decode.translator import Translator, vocab_info
+from xinda.evaluate.metrics import corpus_scores
+from xinda.models.registry import build_model, resolve
+from xinda.train import checkpoint as ckpt
+from xinda.train.curves import CsvLog, plot_curves
+from xinda.train.device import autocast, pick_device, pick_precision
+from xinda.train.loss import label_smoothed_nll
+from xinda.train.schedule import learning_rate, make_optimizer, set_lr
+from xinda.utils import atomic_write_text, read_lines
+
+log = logging.getLogger("xinda")
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
+
+    step: int = 0  # updates done
+    epoch: int = 1  # current epoch (1-based)
+    batch: int = 0  # next batch of the current epoch
+    tgt_tokens: int = 0  # target tokens trained on (incl. EOS)
+    train_seconds: float = 0.0  # training-loop wall clock
+    best: float = -math.inf  # best validation score (BLEU, or -loss)
+    bad_epochs: int = 0  # epochs since the best one
+
+
+class Trainer:
+    def __init__(self, cfg: ExperimentConfig, data_dir: str | Path | None = None):
+        self.cfg, tc = cfg, cfg.train
+        self.out = Path(tc.out_dir)
+        self.data_dir = Path(data_dir or cfg.data.out_dir)
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+        torch.manual_seed(tc.seed)
+        self.device = pick_device(tc.device)
+        self.precision = pick_precision(tc.precision, self.device)
+        self.manifest = load_manifest(self.data_dir)
+        self.src_vocab = side_vocab(self.data_dir, self.manifest, "src")
+        self.tgt_vocab = side_vocab(self.data_dir, self.manifest, "tgt")
+        self.vocab = vocab_info(self.src_vocab, self.tgt_vocab, self.manifest["joint_vocab"])
+        self.model_cfg = resolve(cfg.model)
+        self.model = build_model(self.model_cfg, self.vocab).to(self.device)
+        self.optimizer = make_optimizer(tc, self.model.parameters())
+        self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
+        self.train_src, self.train_tgt = load_split(self.data_dir, "train")
+        self.has_valid = "valid" in self.manifest["splits"]
+        self.progress = Progress()
+
+    # ------------------------------------------------------------------ set-up and resume
+    def prepare_output_dir(self, resume: bool) -> None:
+        """Make the model directory self-contained: config, manifest, sentencepiece models."""
+        if self.out.exists() and ckpt.list_checkpoints(self.out) and not resume:
+            raise XindaError(f"{self.out}: already holds checkpoints; use --resume to continue "
+                             "or choose another train.out_dir")
+        self.out.mkdir(parents=True, exist_ok=True)
+        save_config(self.cfg, self.out / "config.yaml")
+        for name in {*self.manifest["spm"].values(), "manifest.json"}:
+            if (self.data_dir / name).resolve() != (self.out / name).resolve():
+                shutil.copyfile(self.data_dir / name, self.out / name)
+        self.csv = CsvLog(self.out / "log.csv")
+        if resume:
+            self.resume()
+
+    def resume(self) -> None:
+        found = ckpt.list_checkpoints(self.out)
+        if not found:
+            log.warning("--resume: no checkpoint in %s, starting from scratch", self.out)
+            return
+        ckpt.load_weights(self.model, found[-1])
+        state = ckpt.load_state(found[-1])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"])
+        self.progress = Progress(**state["progress"])
+        log.info("resumed from %s (update %d, epoch %d, batch %d)", found[-1].name,
+                 self.progress.step, self.progress.epoch, self.progress.batch)
+
+    def save(self) -> None:
+        state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                 "rng": torch.get_rng_state(), "progress": asdict(self.progress)}
+        ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
+                             self.cfg.train.keep_last)
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, resume: bool = False) -> Progress:
+        self.prepare_output_dir(resume)
+        tc, p = self.cfg.train, self.progress
+        log.info("model %s: %s parameters, %s, %s", self.model_cfg.arch,
+                 f"{self.model.num_parameters():,}", self.device, self.precision)
+        self._clock = None
+        stop = False
+        while p.epoch <= tc.max_epochs and not stop:
+            batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
+                                   tc.max_tokens, tc.seed, p.epoch)
+            stop = self.train_epoch(batches)
+            if not stop:
+                p.epoch, p.batch = p.epoch + 1, 0
+                stop = self.end_of_epoch()
+        if not ckpt.list_checkpoints(self.out) or \
+                ckpt.list_checkpoints(self.out)[-1].name != f"step_{p.step:07d}.safetensors":
+            self.save()
+        if tc.run_validation and self.has_valid and p.best == -math.inf:
+            self.validate_and_keep_best()
+        self.write_stats()
+        return p
+
+    def train_epoch(self, batches: list) -> bool:
+        """Run the epoch's remaining batches; True when a step/time limit stops training."""
+        tc, p = self.cfg.train, self.progress
+        updates = math.ceil(len(batches) / tc.update_freq)
+        bar = tqdm(total=updates, initial=p.batch // tc.update_freq, disable=not tc.progress,
+                   desc=f"epoch {p.epoch}", unit="upd", dynamic_ncols=True, leave=False,
+                   mininterval=0.5 if sys.stderr.isatty() else 30.0)
+        window = [0.0, 0, 0.0]  # loss sum, tokens, seconds since the last log row
+        for start in range(p.batch, len(batches), tc.update_freq):
+            t0 = time.perf_counter()
+            self._clock = self._clock or t0
+            loss, nll, ntok = self.update(batches[start:start + tc.update_freq])
+            seconds = time.perf_counter() - t0
+            p.batch = start + tc.update_freq
+            p.tgt_tokens += ntok
+            window = [window[0] + loss, window[1] + ntok, window[2] + seconds]
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss / ntok:.3f}", tok_s=f"{ntok / seconds:.0f}",
+                            lr=f"{self.lr:.2e}")
+            if p.step % tc.log_every == 0:
+                self.csv.write(step=p.step, epoch=p.epoch, lr=self.lr,
+                               train_loss=window[0] / window[1], train_nll=nll / ntok,
+                               tok_per_s=window[1] / window[2], elapsed_s=p.train_seconds)
+                window = [0.0, 0, 0.0]
+            if tc.save_every and p.step % tc.save_every == 0:
+                self.save()
+            p.train_seconds += time.perf_counter() - t0  # loop wall clock, saving included
+            if self.limit_reached():
+                bar.close()
+                return True
+        bar.close()
+        return False
+
+    def limit_reached(self) -> bool:
+        tc, p = self.cfg.train, self.progress
+        over_time = tc.max_seconds and time.perf_counter() - self._clock >= tc.max_seconds
+        return bool((tc.max_steps and p.step >= tc.max_steps) or over_time)
+
+    def update(self, group: list) -> tuple[float, float, int]:
+        """One optimiser update over ``group`` (gradient accumulation): returns summed loss,
+        summed NLL and target tokens. Gradients are normalised by target tokens."""
+        tc = self.cfg.train
+        self.model.train()
+        self.lr = learning_rate(tc, self.progress.step + 1, getattr(self.model_cfg, "d_model", 512))
+        set_lr(self.optimizer, self.lr)
+        batches = [self.collate(idx) for idx in group]
+        ntokens = sum(b.ntokens for b in batches)
+        loss_sum = nll_sum = 0.0
+        for batch in batches:
+            with autocast(self.precision, self.device):
+                logits = self.model(batch.src, batch.prev)
+            loss, nll = label_smoothed_nll(logits, batch.target, tc.label_smoothing,
+                                           self.vocab.pad)
+            self.scaler.scale(loss / ntokens).backward()
+            loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
+        self.scaler.unscale_(self.optimizer)
+        if tc.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.progress.step += 1
+        return loss_sum, nll_sum, ntokens
+
+    def collate(self, indices) -> Batch:
+        v = self.vocab
+        return collate(indices, self.train_src, self.train_tgt, v.pad, v.bos, v.eos).to(self.device)
+
+    # ------------------------------------------------------------------ validation
+    def end_of_epoch(self) -> bool:
+        """Checkpoint, validate, keep the best weights; True when early stopping triggers."""
+        self.save()
+        if not (self.cfg.train.run_validation and self.has_valid):
+            return False
+        improved = self.validate_and_keep_best()
+        p = self.progress
+        p.bad_epochs = 0 if improved else p.bad_epochs + 1
+        patience = self.cfg.train.patience
+        if patience and p.bad_epochs >= patience:
+            log.info("early stopping: no improvement for %d epochs", patience)
+            return True
+        return False
+
+    def validate_and_keep_best(self) -> bool:
+        scores = self.validate()
+        p = self.progress
+        self.csv.write(step=p.step, epoch=p.epoch, valid_loss=scores["loss"],
+                       valid_ppl=math.exp(min(scores["nll"], 50)), valid_bleu=scores.get("bleu"))
+        plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
+        score = scores.get("bleu", -scores["loss"])
+        log.info("valid after update %d: loss %.3f ppl %.2f%s", p.step, scores["loss"],
+                 math.exp(min(scores["nll"], 50)),
+                 f" BLEU {scores['bleu']:.2f}" if "bleu" in scores else "")
+        if score > p.best:
+            p.best = score
+            ckpt.save_weights(self.model, self.out / "best.safetensors")
+            return True
+        return False
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Per-token validation loss/NLL and, if enabled, BLEU of greedy/beam translations."""
+        self.model.eval()
+        src, tgt = load_split(self.data_dir, "valid")
+        loss_sum = nll_sum = tokens = 0
+        for idx in make_batches(src.lengths, tgt.lengths, self.cfg.train.max_tokens, 0, 0,
+                                shuffle=False):
+            b = collate(idx, src, tgt, self.vocab.pad, self.vocab.bos, self.vocab.eos)
+            b = b.to(self.device)
+            with autocast(self.precision, self.device):
+                logits = self.model(b.src, b.prev)
+            loss, nll = label_smoothed_nll(logits, b.target, self.cfg.train.label_smoothing,
+                                           self.vocab.pad)
+            loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), \
+                tokens + b.ntokens
+        scores = {"loss": loss_sum / tokens, "nll": nll_sum / tokens}
+        if self.cfg.train.valid_bleu:
+            scores["bleu"] = self.valid_bleu()
+        return scores
+
+    def valid_bleu(self) -> float:
+        sources = list(read_lines(self.data_dir / "valid.src.txt"))
+        refs = list(read_lines(self.data_dir / "valid.tgt.txt"))
+        translator = Translator(self.model, self.cfg, self.out)
+        with autocast(self.precision, self.device):
+            hyps = translator.translate_text(sources, beam=self.cfg.train.valid_beam)
+        return corpus_scores(hyps, refs, metrics=("bleu",), tokenize=self.bleu_tokenize())[0].score
+
+    def bleu_tokenize(self) -> str | None:
+        return "zh" if self.manifest["tgt_lang"].startswith("zh") else None
+
+    def write_stats(self) -> None:
+        p = self.progress
+        stats = {"steps": p.step, "epochs_done": p.epoch - (1 if p.batch == 0 else 0),
+                 "tgt_tokens": p.tgt_tokens, "train_seconds": p.train_seconds,
+                 "tgt_tok_per_s": p.tgt_tokens / max(p.train_seconds, 1e-9),
+                 "precision": self.precision, "device": str(self.device),
+                 "parameters": self.model.num_parameters()}
+        atomic_write_text(self.out / "train_stats.json", json.dumps(stats, indent=1))
+        if (self.out / "log.csv").exists():
+            plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
