@@ -89,9 +89,9 @@ def translate(
         torch.set_num_threads(threads)
     lines = _read_input(input)
     translator = Translator.load(model_dir, checkpoint)
-    options = {k: v for k, v in dict(beam=beam, alpha=alpha, batch_size=batch_size,
-                                     max_len_a=max_len_a, max_len_b=max_len_b).items()
-               if v is not None}
+    given = {"beam": beam, "alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
+             "max_len_b": max_len_b}
+    options = {k: v for k, v in given.items() if v is not None}
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
                                    nbest=nbest, **options)

@@ -144,11 +144,14 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(x, memory, cache)
         p = self.dropout if self.training else 0.0
         causal = causal and q.size(2) > 1  # one new query may see every cached key
+        if causal and (need_weights or keep is not None or q.size(2) != k.size(2)):
+            # SDPA's is_causal cannot be combined with attn_mask and aligns the mask top-left,
+            # which is wrong behind cached keys: build the bottom-right-aligned mask instead.
+            future = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device)
+            future = future.tril(k.size(2) - q.size(2))
+            keep = future if keep is None else keep & future
+            causal = False
         if need_weights:
-            if causal:
-                future = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device)
-                future = future.tril(k.size(2) - q.size(2))
-                keep = future if keep is None else keep & future
             out, weights = attention_reference(q, k, v, keep, p)
             weights = weights.mean(1)
         else:

@@ -1,0 +1,10 @@
+"""Shared test settings: single-threaded torch keeps timings stable on a small shared machine."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    torch.set_num_threads(1)
+    yield
