@@ -42,7 +42,7 @@ def atomic_save(path: str | Path, save: Callable[[Path], None]) -> None:
 def open_text(path: str | Path) -> IO[bytes]:
     """Open plain or gzip-compressed text as bytes (decoded per line by ``read_lines``)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # not is_file(): /dev/stdin, pipes, <(...) are fine
         raise XindaError(f"{path}: file not found")
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 

@@ -139,8 +139,8 @@ def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 
         live = ~done
         rows = rows[live].view(-1)  # (N'*K,) rows of the previous step to continue
         model.reorder_state(state, rows)
-        if not live.all():
-            enc = enc.reorder(torch.arange(n, device=device).repeat_interleave(k)[rows])
+        if not live.all():  # enc has one row per beam (N*K), like the state
+            enc = enc.reorder(rows)
         new_tokens = token.gather(1, keep_rank)[live].view(-1, 1)
         beams = _Beams(beams.alive[live], torch.cat([beams.tokens[rows], new_tokens], 1),
                        top_scores.gather(1, keep_rank)[live],

@@ -1,0 +1,297 @@
+"""Greedy and beam search on tiny random Transformers.
+
+An untrained model rarely ends a sentence on its own, so most tests add a bias to the EOS logit
+(an output-layer bias on an untied output matrix) to get hypotheses of varied lengths.
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from xinda.decode.search import beam_search, greedy_search, length_penalty, max_lengths
+from xinda.models.base import VocabInfo
+from xinda.models.registry import build_model
+
+PAD, BOS, EOS, V = 0, 2, 3, 30
+VOCAB = VocabInfo(src_size=V, tgt_size=V, pad=PAD, bos=BOS, eos=EOS, joint=True)
+TINY = {"arch": "transformer", "d_model": 32, "heads": 4, "ffn_dim": 64,
+        "encoder_layers": 2, "decoder_layers": 2, "tie_output": False}
+
+
+def tiny_model(seed=0, eos_bias=1.0, vocab=VOCAB, **overrides):
+    torch.manual_seed(seed)
+    model = build_model({**TINY, **overrides}, vocab).eval()
+    bias = torch.zeros(vocab.tgt_size)
+    bias[vocab.eos] = eos_bias
+    model.output.bias = torch.nn.Parameter(bias)
+    return model
+
+
+def src_batch(lengths, seed=0, width=None, low=4, eos=EOS):
+    """Right-padded random sources; ``lengths`` count the final EOS."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), width or max(lengths)), PAD)
+    for row, n in enumerate(lengths):
+        src[row, : n - 1] = torch.randint(low, V, (n - 1,), generator=gen)
+        src[row, n - 1] = eos
+    return src
+
+
+LENGTHS = [8, 3, 5, 8, 1, 6]
+
+
+def teacher_forced_logprob(model, src_row, tokens):
+    """log P(tokens + EOS | src) under the model, by one teacher-forced pass."""
+    vocab = model.vocab
+    src = src_row[src_row.ne(vocab.pad)][None]
+    with torch.no_grad():
+        logits, _ = model.decode(torch.tensor([[vocab.bos] + tokens]), model.encode(src))
+    logp = torch.log_softmax(logits[0].double(), -1)
+    target = tokens + [vocab.eos]
+    return sum(float(logp[t, y]) for t, y in enumerate(target))
+
+
+def reference_beam_search(model, src_row, k, alpha, max_len_a, max_len_b):
+    """One sentence, no incremental state, plain Python: the same algorithm as ``beam_search``
+    (rank 2k candidates, finalise EOS among the top k, continue the best k non-EOS, stop at k
+    finished hypotheses, force EOS at the length limit)."""
+    vocab = model.vocab
+    src = src_row[src_row.ne(vocab.pad)][None]
+    enc = model.encode(src)
+    limit = int(max_lengths(torch.tensor([src.size(1)]), max_len_a, max_len_b, 1023)[0])
+    beams, finished = [([vocab.bos], 0.0)], []
+    for step in range(limit):
+        prev = torch.tensor([tokens for tokens, _ in beams])
+        logits, _ = model.decode(prev, enc.reorder(torch.zeros(len(beams), dtype=torch.long)))
+        logp = torch.log_softmax(logits[:, -1].double(), -1)
+        logp[:, [vocab.pad, vocab.bos]] = -math.inf
+        if step + 1 >= limit:
+            eos_col = logp[:, vocab.eos].clone()
+            logp[:] = -math.inf
+            logp[:, vocab.eos] = eos_col
+        cands = sorted(((score + float(logp[i, t]), i, t) for i, (_, score) in enumerate(beams)
+                        for t in range(logp.size(1))), key=lambda c: -c[0])[: 2 * k]
+        for score, i, t in cands[:k]:
+            if t == vocab.eos and score > -math.inf and len(finished) < k:
+                tokens = beams[i][0][1:]
+                finished.append((tokens, score / length_penalty(len(tokens) + 1, alpha)))
+        if len(finished) >= k:
+            break
+        beams = [(beams[i][0] + [t], score) for score, i, t in cands if t != vocab.eos][:k]
+    return sorted(finished, key=lambda h: -h[1])
+
+
+# --- length penalty and limits --------------------------------------------------------------
+
+def test_length_penalty_hand_values():
+    assert length_penalty(1, 1.0) == pytest.approx(1.0)
+    assert length_penalty(7, 1.0) == pytest.approx(2.0)
+    assert length_penalty(7, 0.5) == pytest.approx(math.sqrt(2.0))
+    assert length_penalty(13, 2.0) == pytest.approx(9.0)
+    assert length_penalty(20, 0.0) == pytest.approx(1.0)
+    assert length_penalty(10, 0.6) == pytest.approx(((5 + 10) / 6) ** 0.6)
+    torch.testing.assert_close(length_penalty(torch.tensor([1.0, 7.0]), 1.0),
+                               torch.tensor([1.0, 2.0]))
+
+
+def test_max_lengths_is_a_times_len_plus_b_capped():
+    got = max_lengths(torch.tensor([3, 10, 1000, 0]), 1.5, 10, 100)
+    assert got.tolist() == [14, 25, 100, 10]
+    assert max_lengths(torch.tensor([0]), 0.0, 0, 100).tolist() == [1]
+
+
+# --- greedy vs beam -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_beam_of_one_equals_greedy(seed):
+    model = tiny_model(seed)
+    src = src_batch(LENGTHS, seed)
+    greedy = greedy_search(model, src, alpha=0.6)
+    beam = beam_search(model, src, beam=1, alpha=0.6)
+    assert len(greedy) == len(beam) == len(LENGTHS)
+    assert any(len(h.tokens) > 0 for h in greedy)
+    for g, b in zip(greedy, beam):
+        assert len(b) == 1
+        assert b[0].tokens == g.tokens
+        assert b[0].logprob == pytest.approx(g.logprob, abs=1e-4)
+        assert b[0].score == pytest.approx(g.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_beam_search_matches_unbatched_reference(seed):
+    model = tiny_model(seed)
+    src = src_batch(LENGTHS, seed)
+    for k, alpha in ((3, 0.0), (4, 1.0)):
+        got = beam_search(model, src, beam=k, alpha=alpha, nbest=k, max_len_a=1.0, max_len_b=5)
+        with torch.no_grad():
+            for row in range(len(LENGTHS)):
+                ref = reference_beam_search(model, src[row], k, alpha, 1.0, 5)
+                assert [h.tokens for h in got[row]] == [tokens for tokens, _ in ref]
+                assert [h.score for h in got[row]] == pytest.approx([s for _, s in ref],
+                                                                      abs=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batch_rows_are_independent(beam):
+    model = tiny_model(1)
+    src = src_batch(LENGTHS, 1)
+    together = beam_search(model, src, beam=beam, nbest=beam)
+    greedy_together = greedy_search(model, src)
+    for row, n in enumerate(LENGTHS):
+        alone = beam_search(model, src[row:row + 1, :n], beam=beam, nbest=beam)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[row]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in together[row]],
+                                                         abs=1e-4)
+        assert greedy_search(model, src[row:row + 1, :n])[0].tokens == greedy_together[row].tokens
+
+
+def test_wide_beam_is_exhaustive_and_beats_greedy():
+    """Two real target tokens and at most 3 tokens + EOS: 15 possible outputs. A beam of 16
+    holds every prefix, so beam search lists every output with its exact log-probability, and
+    its best is the true optimum (hence at least greedy's)."""
+    vocab = VocabInfo(src_size=V, tgt_size=5, pad=0, bos=1, eos=2, joint=False)
+    model = tiny_model(3, eos_bias=0.0, vocab=vocab)
+    src = src_batch([5, 3], 3, eos=2)
+    outputs = [list(seq) for n in range(4) for seq in itertools.product([3, 4], repeat=n)]
+    for alpha in (0.0, 1.0):
+        beams = beam_search(model, src, beam=16, alpha=alpha, nbest=16, max_len_a=0.0,
+                            max_len_b=4)
+        greedy = greedy_search(model, src, alpha=alpha, max_len_a=0.0, max_len_b=4)
+        for row in range(2):
+            exact = {tuple(y): teacher_forced_logprob(model, src[row], y) for y in outputs}
+            found = {tuple(h.tokens): h.logprob for h in beams[row]}
+            assert found.keys() == exact.keys()
+            for y, logprob in found.items():
+                assert logprob == pytest.approx(exact[y], abs=1e-4)
+            best = max(exact, key=lambda y: exact[y] / length_penalty(len(y) + 1, alpha))
+            assert tuple(beams[row][0].tokens) == best
+            assert beams[row][0].score >= greedy[row].score - 1e-4
+            if alpha == 0.0:
+                assert beams[row][0].logprob >= greedy[row].logprob - 1e-4
+
+
+def test_beam_best_is_usually_no_worse_than_greedy():
+    """Not an invariant (beam search can prune the greedy path), but it should hold on most
+    sentences at alpha = 0, where both rank by raw log-probability."""
+    wins = total = 0
+    for seed in range(3):
+        model = tiny_model(seed)
+        src = src_batch(LENGTHS, seed)
+        greedy = greedy_search(model, src, alpha=0.0)
+        beam = beam_search(model, src, beam=5, alpha=0.0)
+        for g, b in zip(greedy, beam):
+            total += 1
+            wins += b[0].logprob >= g.logprob - 1e-4
+    assert wins >= 0.8 * total
+
+
+# --- hypotheses -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nbest", [1, 3, 4])
+def test_nbest_has_nbest_entries_sorted_by_score(nbest):
+    model = tiny_model(2)
+    src = src_batch(LENGTHS, 2)
+    for hyps in beam_search(model, src, beam=4, alpha=1.0, nbest=nbest):
+        assert len(hyps) == nbest
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == nbest  # distinct hypotheses
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_score_is_logprob_over_length_penalty(alpha):
+    model = tiny_model(0)
+    src = src_batch(LENGTHS, 0)
+    hyps = [h for row in beam_search(model, src, beam=3, alpha=alpha, nbest=3) for h in row]
+    hyps += greedy_search(model, src, alpha=alpha)
+    for h in hyps:
+        assert h.score == pytest.approx(h.logprob / length_penalty(len(h.tokens) + 1, alpha),
+                                        rel=1e-6)
+        assert h.logprob < 0
+
+
+def test_logprob_is_model_probability_of_tokens_plus_eos():
+    model = tiny_model(1)
+    src = src_batch(LENGTHS, 1)
+    beams = beam_search(model, src, beam=3, nbest=3)
+    greedy = greedy_search(model, src)
+    for row in range(len(LENGTHS)):
+        for h in beams[row] + [greedy[row]]:
+            assert BOS not in h.tokens and EOS not in h.tokens and PAD not in h.tokens
+            assert h.logprob == pytest.approx(teacher_forced_logprob(model, src[row], h.tokens),
+                                              abs=1e-3)
+
+
+# --- length limits --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("a", "b"), [(1.5, 10), (1.0, 2), (0.5, 3)])
+def test_max_length_respected_and_eos_forced_there(a, b):
+    """With EOS all but forbidden, every hypothesis runs to the limit, where EOS is forced:
+    the output incl. EOS has floor(a * src_len + b) tokens (src_len counts the source EOS)."""
+    model = tiny_model(0, eos_bias=-1e4)
+    src = src_batch(LENGTHS, 0)
+    results = {"greedy": [[h] for h in greedy_search(model, src, max_len_a=a, max_len_b=b)],
+               "beam": beam_search(model, src, beam=3, nbest=3, max_len_a=a, max_len_b=b)}
+    for hyps_per_row in results.values():
+        for n, hyps in zip(LENGTHS, hyps_per_row):
+            for h in hyps:
+                assert len(h.tokens) <= a * n + b
+                assert len(h.tokens) + 1 == max(int(a * n + b), 1)
+
+
+def test_random_model_output_length_bounded():
+    model = tiny_model(2, eos_bias=0.0)
+    src = src_batch(LENGTHS, 2)
+    for row, n in enumerate(LENGTHS):
+        for h in beam_search(model, src, beam=2, max_len_a=1.2, max_len_b=2)[row]:
+            assert len(h.tokens) <= 1.2 * n + 2
+
+
+def test_output_length_capped_by_position_table():
+    model = tiny_model(0, eos_bias=-1e4, max_positions=16)
+    src = src_batch([12], 0)
+    assert len(greedy_search(model, src)[0].tokens) == 14  # 15 positions incl. EOS
+    assert len(beam_search(model, src, beam=2)[0][0].tokens) == 14
+
+
+# --- attention ------------------------------------------------------------------------------
+
+def _check_attention(h, n_real, width):
+    assert h.attention is not None
+    assert h.attention.shape == (len(h.tokens) + 1, width)
+    torch.testing.assert_close(h.attention.sum(-1), torch.ones(len(h.tokens) + 1),
+                               atol=1e-5, rtol=1e-5)
+    assert torch.all(h.attention[:, n_real:] == 0)
+    assert torch.all(h.attention >= 0)
+
+
+def test_need_attention_rows_sum_to_one_over_real_source_positions():
+    model = tiny_model(1)
+    src = src_batch(LENGTHS, 1)
+    width = src.size(1)
+    beams = beam_search(model, src, beam=3, nbest=3, need_attention=True)
+    greedy = greedy_search(model, src, need_attention=True)
+    for row, n in enumerate(LENGTHS):
+        for h in beams[row]:
+            _check_attention(h, n, width)
+        _check_attention(greedy[row], n, width)
+
+
+def test_attention_of_batched_beam_equals_attention_alone():
+    model = tiny_model(1)
+    src = src_batch(LENGTHS, 1)
+    together = beam_search(model, src, beam=3, need_attention=True)
+    for row, n in enumerate(LENGTHS):
+        alone = beam_search(model, src[row:row + 1, :n], beam=3, need_attention=True)[0][0]
+        assert alone.tokens == together[row][0].tokens
+        torch.testing.assert_close(together[row][0].attention[:, :n], alone.attention,
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_no_attention_unless_asked():
+    model = tiny_model(0)
+    src = src_batch([4, 2], 0)
+    assert all(h.attention is None for h in greedy_search(model, src))
+    assert all(h[0].attention is None for h in beam_search(model, src, beam=2))

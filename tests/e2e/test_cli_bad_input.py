@@ -1,0 +1,128 @@
+"""Bad input to the CLI: exit != 0 and ONE ``xinda: error:`` line naming the culprit, no
+traceback."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+
+def write_corpus(folder, name, src: bytes, tgt: bytes) -> str:
+    (folder / f"{name}.en").write_bytes(src)
+    (folder / f"{name}.de").write_bytes(tgt)
+    return str(folder / name)
+
+
+def write_data_config(folder, **data) -> str:
+    path = folder / "config.yaml"
+    data = {"out_dir": str(folder / "data-bin"), "vocab_size": 16, **data}
+    path.write_text(yaml.safe_dump({"data": data}), encoding="utf-8")
+    return str(path)
+
+
+GOOD = b"".join(b"line %d of text\n" % i for i in range(6))
+
+
+def test_missing_corpus_file(xinda, one_line_error, tmp_path):
+    write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    (tmp_path / "corpus.de").unlink()
+    config = write_data_config(tmp_path, train=str(tmp_path / "corpus"))
+    one_line_error(xinda("prepare", config, ok=False), str(tmp_path / "corpus.de"), "not found")
+    assert not (tmp_path / "data-bin" / "manifest.json").exists()
+
+
+def test_missing_config_file(xinda, one_line_error, tmp_path):
+    one_line_error(xinda("prepare", tmp_path / "nope.yaml", ok=False), "nope.yaml", "not found")
+
+
+def test_invalid_utf8_names_file_and_line(xinda, one_line_error, tmp_path):
+    src = b"one\ntwo\n\xff\xfe three\nfour\n"
+    prefix = write_corpus(tmp_path, "corpus", src, b"eins\nzwei\ndrei\nvier\n")
+    config = write_data_config(tmp_path, train=prefix)
+    last = one_line_error(xinda("prepare", config, ok=False), f"{prefix}.en:3:")
+    assert "UTF-8" in last
+
+
+def test_invalid_utf8_in_valid_split(xinda, one_line_error, tmp_path):
+    train = write_corpus(tmp_path, "train", GOOD, GOOD)
+    valid = write_corpus(tmp_path, "valid", b"a\nb\n", b"a\nb\nc\nd\n\xc3\n")
+    config = write_data_config(tmp_path, train=train, valid=valid)
+    one_line_error(xinda("prepare", config, ok=False), f"{valid}.de:5:", "UTF-8")
+
+
+def test_misaligned_line_counts(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, b"a\nb\nc\n")
+    config = write_data_config(tmp_path, train=prefix)
+    last = one_line_error(xinda("prepare", config, ok=False), f"{prefix}.de:3:")
+    assert f"{prefix}.en" in last
+
+
+@pytest.mark.parametrize("src, tgt, culprit", [(b"", b"", "en"), (GOOD, b"", "de")])
+def test_empty_corpus(xinda, one_line_error, tmp_path, src, tgt, culprit):
+    prefix = write_corpus(tmp_path, "corpus", src, tgt)
+    config = write_data_config(tmp_path, train=prefix)
+    one_line_error(xinda("prepare", config, ok=False), f"{prefix}.{culprit}", "empty")
+
+
+def test_only_empty_lines(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", b"\n\n\n", b"\n\n\n")
+    config = write_data_config(tmp_path, train=prefix)
+    one_line_error(xinda("prepare", config, ok=False), prefix, "removed by filtering")
+
+
+def test_wrong_type_in_config_names_the_key(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    config = write_data_config(tmp_path, train=prefix, vocab_size="many")
+    one_line_error(xinda("prepare", config, ok=False), "data.vocab_size", "config.yaml")
+
+
+def test_wrong_type_in_set_override_names_the_key(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    config = write_data_config(tmp_path, train=prefix)
+    proc = xinda("prepare", config, "--set", "data.max_len=long", ok=False)
+    one_line_error(proc, "data.max_len")
+
+
+def test_invalid_yaml(xinda, one_line_error, tmp_path):
+    (tmp_path / "config.yaml").write_text("data: {train: [unclosed\n", encoding="utf-8")
+    one_line_error(xinda("prepare", tmp_path / "config.yaml", ok=False), "config.yaml", "YAML")
+
+
+def test_translate_without_model(xinda, one_line_error, tmp_path):
+    (tmp_path / "in.txt").write_text("one\n", encoding="utf-8")
+    (tmp_path / "empty").mkdir()
+    proc = xinda("translate", tmp_path / "empty", "-i", tmp_path / "in.txt", ok=False)
+    one_line_error(proc, str(tmp_path / "empty"))
+    proc = xinda("translate", tmp_path / "missing", input="one\n", ok=False)
+    one_line_error(proc, str(tmp_path / "missing"))
+
+
+def test_translate_model_dir_without_weights(trained, xinda, one_line_error, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.yaml", "manifest.json", "spm.model"):
+        shutil.copyfile(trained.model_dir / name, model / name)
+    proc = xinda("translate", model, input="one\n", ok=False)
+    one_line_error(proc, str(model), "no trained weights")
+
+
+def test_translate_missing_input_file(trained, xinda, one_line_error, tmp_path):
+    proc = xinda("translate", trained.model_dir, "-i", tmp_path / "nope.txt", ok=False)
+    one_line_error(proc, str(tmp_path / "nope.txt"), "not found")
+    proc = xinda("translate", trained.model_dir, "-i", tmp_path, ok=False)  # a directory
+    one_line_error(proc, str(tmp_path))
+
+
+def test_translate_invalid_utf8_input(trained, xinda, one_line_error, tmp_path):
+    (tmp_path / "in.txt").write_bytes(b"one\ntwo\n\xff\n")
+    proc = xinda("translate", trained.model_dir, "-i", tmp_path / "in.txt", ok=False)
+    one_line_error(proc, f"{tmp_path / 'in.txt'}:3:", "UTF-8")
+
+
+def test_evaluate_line_count_mismatch(xinda, one_line_error, tmp_path):
+    (tmp_path / "hyp.txt").write_text("a\nb\n", encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("a\nb\nc\n", encoding="utf-8")
+    proc = xinda("evaluate", tmp_path / "hyp.txt", tmp_path / "ref.txt", ok=False)
+    one_line_error(proc)

@@ -1,0 +1,204 @@
+"""Label-smoothed loss and learning-rate schedules."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xinda.config import TrainConfig
+from xinda.train.loss import label_smoothed_nll
+from xinda.train.schedule import learning_rate, make_optimizer, set_lr
+
+PAD = 0
+LOGITS = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]]  # (1, 2, 4) once wrapped
+
+
+def _hand_loss(rows, targets, eps):
+    """Label-smoothed loss and NLL, summed, from plain math (no torch)."""
+    loss = nll = 0.0
+    for row, y in zip(rows, targets):
+        lse = math.log(sum(math.exp(x) for x in row))
+        logp = [x - lse for x in row]
+        nll += -logp[y]
+        loss += (1 - eps) * -logp[y] + eps * sum(-lp for lp in logp) / len(row)
+    return loss, nll
+
+
+# --- label smoothing ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothed_nll_matches_hand_computation(eps):
+    logits = torch.tensor([LOGITS])
+    target = torch.tensor([[2, 1]])
+    loss, nll = label_smoothed_nll(logits, target, eps, pad=PAD)
+    want_loss, want_nll = _hand_loss(LOGITS, [2, 1], eps)
+    assert loss.item() == pytest.approx(want_loss, rel=1e-6)
+    assert nll.item() == pytest.approx(want_nll, rel=1e-6)
+
+
+def test_label_smoothed_nll_hand_value_for_one_token():
+    # log-softmax of [1, 2, 3, 4] at class 2: 3 - log(e + e^2 + e^3 + e^4)
+    lse = math.log(math.e + math.e**2 + math.e**3 + math.e**4)
+    nll_y = lse - 3.0
+    mean_nll = sum(lse - x for x in (1.0, 2.0, 3.0, 4.0)) / 4
+    loss, nll = label_smoothed_nll(torch.tensor([[LOGITS[0]]]), torch.tensor([[2]]), 0.1, PAD)
+    assert nll.item() == pytest.approx(nll_y, rel=1e-6)
+    assert loss.item() == pytest.approx(0.9 * nll_y + 0.1 * mean_nll, rel=1e-6)
+
+
+def test_pad_positions_contribute_zero():
+    logits = torch.tensor([LOGITS])
+    loss, nll = label_smoothed_nll(logits, torch.tensor([[2, PAD]]), 0.1, pad=PAD)
+    want_loss, want_nll = _hand_loss(LOGITS[:1], [2], 0.1)
+    assert loss.item() == pytest.approx(want_loss, rel=1e-6)
+    assert nll.item() == pytest.approx(want_nll, rel=1e-6)
+    # whatever the logits at a pad position, the loss and its gradient there are zero
+    moved = logits.clone()
+    moved[0, 1] = torch.tensor([100.0, -50.0, 3.0, 7.0])
+    moved.requires_grad_(True)
+    loss2, _ = label_smoothed_nll(moved, torch.tensor([[2, PAD]]), 0.1, pad=PAD)
+    assert loss2.item() == pytest.approx(want_loss, rel=1e-6)
+    loss2.backward()
+    assert torch.all(moved.grad[0, 1] == 0)
+    assert torch.any(moved.grad[0, 0] != 0)
+
+
+def test_all_pad_gives_zero_loss():
+    loss, nll = label_smoothed_nll(torch.randn(2, 3, 5), torch.full((2, 3), PAD), 0.1, PAD)
+    assert loss.item() == 0.0 and nll.item() == 0.0
+
+
+def test_eps_zero_reduces_to_nll():
+    torch.manual_seed(0)
+    logits, target = torch.randn(3, 4, 9), torch.randint(1, 9, (3, 4))
+    loss, nll = label_smoothed_nll(logits, target, 0.0, pad=PAD)
+    assert loss.item() == pytest.approx(nll.item(), rel=1e-6)
+    expected = F.cross_entropy(logits.view(-1, 9), target.view(-1), reduction="sum")
+    assert nll.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.2])
+def test_matches_torch_cross_entropy_with_label_smoothing(eps):
+    torch.manual_seed(1)
+    vocab = 11
+    logits = torch.randn(2, 5, vocab) * 3
+    target = torch.randint(1, vocab, (2, 5))
+    target[0, 3:] = PAD
+    target[1, 4] = PAD
+    loss, nll = label_smoothed_nll(logits, target, eps, pad=PAD)
+    flat_logits, flat_target = logits.view(-1, vocab), target.view(-1)
+    want = F.cross_entropy(flat_logits, flat_target, label_smoothing=eps, reduction="sum",
+                           ignore_index=PAD)
+    want_nll = F.cross_entropy(flat_logits, flat_target, reduction="sum", ignore_index=PAD)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(want_nll.item(), rel=1e-5)
+
+
+def test_smoothing_raises_loss_of_a_confident_correct_prediction():
+    logits = torch.tensor([[[10.0, -10.0, -10.0]]])
+    plain, _ = label_smoothed_nll(logits, torch.tensor([[0]]), 0.0, pad=2)
+    smoothed, _ = label_smoothed_nll(logits, torch.tensor([[0]]), 0.1, pad=2)
+    assert smoothed.item() > plain.item()
+
+
+def test_bf16_logits_give_float32_loss():
+    torch.manual_seed(2)
+    logits = torch.randn(2, 3, 7)
+    target = torch.randint(1, 7, (2, 3))
+    loss16, _ = label_smoothed_nll(logits.bfloat16(), target, 0.1, PAD)
+    loss32, _ = label_smoothed_nll(logits.bfloat16().float(), target, 0.1, PAD)
+    assert loss16.dtype == torch.float32
+    assert loss16.item() == pytest.approx(loss32.item(), rel=1e-6)
+
+
+# --- learning-rate schedules ----------------------------------------------------------------
+
+def cfg(**kw) -> TrainConfig:
+    return TrainConfig(**kw)
+
+
+@pytest.mark.parametrize(("step", "lr"), [(1, 5e-7), (500, 2.5e-4), (1000, 5e-4), (4000, 2.5e-4),
+                                          (16000, 1.25e-4)])
+def test_inverse_sqrt_values(step, lr):
+    c = cfg(schedule="inverse_sqrt", lr=5e-4, warmup_steps=1000)
+    assert learning_rate(c, step) == pytest.approx(lr, rel=1e-9)
+
+
+def test_inverse_sqrt_peaks_at_warmup_and_is_continuous():
+    c = cfg(schedule="inverse_sqrt", lr=1e-3, warmup_steps=100)
+    rates = [learning_rate(c, s) for s in range(1, 400)]
+    assert max(rates) == pytest.approx(1e-3) and rates.index(max(rates)) == 99
+    assert all(a < b for a, b in itertools.pairwise(rates[:100]))  # warm-up increases
+    assert all(a > b for a, b in itertools.pairwise(rates[99:]))  # then decays
+    assert learning_rate(c, 99) == pytest.approx(0.99e-3)
+    assert learning_rate(c, 101) == pytest.approx(1e-3 * math.sqrt(100 / 101))
+
+
+def test_step_zero_is_treated_as_step_one():
+    c = cfg(schedule="inverse_sqrt", lr=5e-4, warmup_steps=1000)
+    assert learning_rate(c, 0) == learning_rate(c, 1)
+
+
+@pytest.mark.parametrize("step", [1, 100, 4000, 10000])
+def test_noam_formula(step):
+    c = cfg(schedule="noam", lr=2.0, warmup_steps=4000)
+    want = 2.0 * 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    assert learning_rate(c, step, d_model=512) == pytest.approx(want, rel=1e-9)
+    want256 = 2.0 * 256**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    assert learning_rate(c, step, d_model=256) == pytest.approx(want256, rel=1e-9)
+
+
+def test_noam_peaks_at_warmup():
+    c = cfg(schedule="noam", lr=1.0, warmup_steps=4000)
+    peak = learning_rate(c, 4000, d_model=512)
+    assert peak == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert learning_rate(c, 3999, 512) < peak and learning_rate(c, 4001, 512) < peak
+
+
+@pytest.mark.parametrize(("step", "lr"), [(1, 1e-3), (999, 1e-3), (1000, 5e-4), (1999, 5e-4),
+                                          (2000, 2.5e-4), (3500, 1.25e-4)])
+def test_step_decay_values(step, lr):
+    c = cfg(schedule="step", lr=1e-3, warmup_steps=0, decay_every=1000, decay_factor=0.5)
+    assert learning_rate(c, step) == pytest.approx(lr, rel=1e-9)
+
+
+def test_step_decay_with_warmup():
+    c = cfg(schedule="step", lr=1e-3, warmup_steps=100, decay_every=1000, decay_factor=0.1)
+    assert learning_rate(c, 50) == pytest.approx(0.5e-3)
+    assert learning_rate(c, 100) == pytest.approx(1e-3)
+    assert learning_rate(c, 1000) == pytest.approx(1e-4)
+
+
+def test_constant_schedule():
+    c = cfg(schedule="constant", lr=3e-4, warmup_steps=10)
+    assert learning_rate(c, 5) == pytest.approx(1.5e-4)
+    assert [learning_rate(c, s) for s in (10, 11, 1000, 10**6)] == pytest.approx([3e-4] * 4)
+    c0 = cfg(schedule="constant", lr=3e-4, warmup_steps=0)
+    assert learning_rate(c0, 1) == pytest.approx(3e-4)
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "step", "constant"])
+def test_min_lr_floor(schedule):
+    c = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, min_lr=1e-4, decay_every=10)
+    for step in (1, 2, 10, 1000, 10**5, 10**7):
+        assert learning_rate(c, step) >= 1e-4
+    assert learning_rate(c, 1) == pytest.approx(1e-4)  # warm-up starts at the floor
+    if schedule != "constant":
+        assert learning_rate(c, 10**7) == pytest.approx(1e-4)
+
+
+# --- optimiser helpers ----------------------------------------------------------------------
+
+def test_set_lr_updates_every_group_and_frozen_params_are_skipped():
+    torch.manual_seed(3)
+    a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    b.weight.requires_grad_(False)
+    opt = make_optimizer(cfg(optimizer="adam", lr=1e-3), [*a.parameters(), *b.parameters()])
+    assert sum(len(g["params"]) for g in opt.param_groups) == 3
+    opt.add_param_group({"params": [b.weight]})
+    set_lr(opt, 0.123)
+    assert all(g["lr"] == 0.123 for g in opt.param_groups)
+    sgd = make_optimizer(cfg(optimizer="sgd", lr=0.5, momentum=0.9), a.parameters())
+    assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["momentum"] == 0.9
