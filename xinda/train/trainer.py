@@ -142,7 +142,7 @@ class Trainer:
             window = [window[0] + loss, window[1] + ntok, window[2] + seconds]
             bar.update(1)
             bar.set_postfix(loss=f"{loss / ntok:.3f}", tok_s=f"{ntok / seconds:.0f}",
-                            lr=f"{self.lr:.2e}")
+                            lr=f"{self.lr:.2e}", refresh=False)
             if p.step % tc.log_every == 0:
                 self.csv.write(step=p.step, epoch=p.epoch, lr=self.lr,
                                train_loss=window[0] / window[1], train_nll=nll / ntok,
