@@ -71,6 +71,7 @@ def translate(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="default: stdout")] = None,
     beam: Annotated[int | None, typer.Option(help="beam size; 1 = greedy")] = None,
     alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
+    coverage: Annotated[float | None, typer.Option(help="GNMT coverage penalty beta")] = None,
     nbest: Annotated[int, typer.Option(help="write the n best: 'i ||| text ||| score'")] = 1,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
     max_len_a: float | None = None, max_len_b: int | None = None,
@@ -79,6 +80,8 @@ def translate(
     output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
     scores: Annotated[bool, typer.Option(help="prefix each line with its score")] = False,
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
+    attention_plot: Annotated[Path | None, typer.Option(
+        help="write a source-target attention heat-map PNG per sentence into this folder")] = None,
 ) -> None:
     """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
     import torch
@@ -89,13 +92,16 @@ def translate(
         torch.set_num_threads(threads)
     lines = _read_input(input)
     translator = Translator.load(model_dir, checkpoint)
-    given = {"beam": beam, "alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
-             "max_len_b": max_len_b}
+    given = {"beam": beam, "alpha": alpha, "coverage": coverage, "batch_size": batch_size,
+             "max_len_a": max_len_a, "max_len_b": max_len_b}
     options = {k: v for k, v in given.items() if v is not None}
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
-                                   nbest=nbest, **options)
+                                   nbest=nbest, need_attention=attention_plot is not None,
+                                   **options)
     seconds = time.perf_counter() - start
+    if attention_plot is not None:
+        _plot_attention(results, attention_plot)
     out = []
     for i, nbest_list in enumerate(results):
         if nbest > 1:
@@ -106,6 +112,16 @@ def translate(
     _write_output(output, out)
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "
           f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s)", file=sys.stderr)
+
+
+def _plot_attention(results, folder: Path) -> None:
+    from xinda.evaluate.attention_plot import plot_attention
+
+    for i, nbest_list in enumerate(results):
+        best = nbest_list[0]
+        if best.attention is not None:
+            plot_attention(best.attention, best.source_pieces, best.target_pieces,
+                           folder / f"{i:05d}.png", title=best.text[:80])
 
 
 @app.command()
@@ -152,13 +168,13 @@ def average(model_dir: Path,
 def models() -> None:
     """List registered model presets with their parameter counts (32k joint vocabulary)."""
     from xinda.models.base import VocabInfo
-    from xinda.models.registry import ARCHITECTURES, build_model, list_presets
+    from xinda.models.registry import PRESET_NOTES, build_model, list_presets
 
     vocab = VocabInfo(32000, 32000, 0, 2, 3, True)
     print(f"{'preset':<22} {'arch':<12} {'parameters':>14}  description")
     for name, arch, cfg in list_presets():
         params = build_model(cfg, vocab).num_parameters()
-        print(f"{name:<22} {arch:<12} {params:>14,}  {ARCHITECTURES[arch].description}")
+        print(f"{name:<22} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
 
 
 @app.command()

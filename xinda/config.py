@@ -86,6 +86,7 @@ class TrainConfig(Strict):
 class DecodeConfig(Strict):
     beam: int = Field(5, ge=1)
     alpha: float = Field(1.0, ge=0)  # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none
+    coverage: float = Field(0.0, ge=0)  # GNMT coverage penalty weight beta; 0 = none
     max_len_a: float = 1.5  # max output length = a * src_len + b
     max_len_b: int = 10
     batch_size: int = Field(64, ge=1)  # sentences per batch (sorted by length)

@@ -29,6 +29,14 @@ def length_penalty(length: int | Tensor, alpha: float):
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def coverage_penalty(attention: Tensor, src_keep: Tensor, beta: float) -> float:
+    """GNMT coverage penalty (Wu et al. 2016, eq. 14):
+    cp = beta * sum_i log(min(sum_j a_ij, 1)), i over (non-pad) source positions, j over
+    target steps. attention (T, S), src_keep (S,) bool."""
+    coverage = attention.sum(0)[src_keep].clamp(min=1e-6, max=1.0)  # (S_real,)
+    return beta * float(coverage.log().sum())
+
+
 def max_lengths(src_len: Tensor, a: float, b: int, limit: int) -> Tensor:
     """Per-sentence output limit a * |x| + b, capped by the model's position table."""
     return (src_len.float() * a + b).long().clamp(min=1, max=limit)
@@ -104,9 +112,13 @@ class _Beams:
 @torch.no_grad()
 def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 1.0,
                 max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1,
-                need_attention: bool = False) -> list[list[Hypothesis]]:
-    """Batched beam search. src (B, S) -> for each sentence its ``nbest`` best hypotheses."""
+                need_attention: bool = False, coverage: float = 0.0) -> list[list[Hypothesis]]:
+    """Batched beam search. src (B, S) -> for each sentence its ``nbest`` best hypotheses.
+
+    Finished hypotheses are ranked by log P / lp(alpha) + cp(coverage); a coverage weight > 0
+    needs a model that returns source attention."""
     vocab, k = model.vocab, beam
+    need_attention = need_attention or coverage > 0
     batch, device = src.size(0), src.device
     enc = model.encode(src)
     limits = max_lengths((~enc.src_pad).sum(1), max_len_a, max_len_b, _model_limit(model))
@@ -130,7 +142,8 @@ def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (N, 2K)
         src_beam, token = top_idx // logp.size(-1), top_idx % logp.size(-1)
         is_eos = token.eq(vocab.eos) & top_scores.gt(float("-inf"))
-        _finalise(beams, finished, top_scores, src_beam, is_eos, k, alpha)
+        _finalise(beams, finished, top_scores, src_beam, is_eos, k, alpha,
+                  (coverage, ~enc.src_pad))
         keep_rank = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).argsort(1)[:, :k]
         rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, keep_rank))
         done = torch.tensor([len(finished[int(i)]) >= k for i in beams.alive], device=device)
@@ -149,8 +162,11 @@ def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 
 
 
 def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tensor,
-              src_beam: Tensor, is_eos: Tensor, k: int, alpha: float) -> None:
-    """Move EOS candidates ranked within the top ``k`` into ``finished``."""
+              src_beam: Tensor, is_eos: Tensor, k: int, alpha: float,
+              coverage: tuple[float, Tensor]) -> None:
+    """Move EOS candidates ranked within the top ``k`` into ``finished``.
+    ``coverage`` = (beta, source keep mask (N*K, S)) for the GNMT coverage penalty."""
+    beta, src_keep = coverage
     length = beams.tokens.size(1)  # BOS + tokens so far = |y| incl. the new EOS
     for n, rank in is_eos[:, :k].nonzero().tolist():
         sent = int(beams.alive[n])
@@ -159,5 +175,7 @@ def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tenso
         row = n * k + int(src_beam[n, rank])
         logprob = float(top_scores[n, rank])
         attn = None if beams.attention is None else beams.attention[row]
-        finished[sent].append(Hypothesis(beams.tokens[row, 1:].tolist(),
-                                         logprob / length_penalty(length, alpha), logprob, attn))
+        score = logprob / length_penalty(length, alpha)
+        if beta:
+            score += coverage_penalty(attn, src_keep[row], beta)
+        finished[sent].append(Hypothesis(beams.tokens[row, 1:].tolist(), score, logprob, attn))

@@ -77,8 +77,8 @@ class Translator:
                   **options) -> list[list[Translation]]:
         """Translate ``lines``; returns, for each line, its n-best list (best first).
 
-        ``options`` override the model's decode settings: beam, alpha, nbest, max_len_a,
-        max_len_b, batch_size. input/output_format "pieces" reads/writes sentencepiece pieces.
+        ``options`` override the model's decode settings: beam, alpha, coverage, nbest,
+        max_len_a, max_len_b, batch_size. input/output_format "pieces" reads/writes sentencepiece pieces.
         """
         dec = DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
         sources = [self.encode_source(line, input_format == "pieces") if line.strip() else None
@@ -92,7 +92,7 @@ class Translator:
                 results[i] = [self._finish(h, sources[i], output_format) for h in hyps]
         for i, s in enumerate(sources):
             if s is None:  # empty line in -> empty line out
-                results[i] = [Translation("", 0.0, [], [])]
+                results[i] = [Translation("", 0.0, [], [])] * dec.nbest
         return results
 
     def translate_text(self, lines: list[str], **options) -> list[str]:
@@ -107,12 +107,12 @@ class Translator:
         for row, ids in enumerate(batch):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(self.device)
-        if dec.beam == 1 and dec.nbest == 1:
+        if dec.beam == 1 and dec.nbest == 1 and not dec.coverage:
             hyps = greedy_search(self.model, src, dec.max_len_a, dec.max_len_b, dec.alpha,
                                  need_attention)
             return [[h] for h in hyps]
         return beam_search(self.model, src, dec.beam, dec.alpha, dec.max_len_a, dec.max_len_b,
-                           dec.nbest, need_attention)
+                           dec.nbest, need_attention, dec.coverage)
 
     def _finish(self, hyp: Hypothesis, src_ids: list[int], output_format: str) -> Translation:
         pieces = self.tgt_vocab.ids_to_pieces(hyp.tokens)

@@ -25,6 +25,7 @@ class Architecture:
 
 ARCHITECTURES: dict[str, Architecture] = {}
 PRESETS: dict[str, dict[str, Any]] = {}
+PRESET_NOTES: dict[str, str] = {}
 
 
 def register_architecture(name: str, config: type[BaseModel], description: str):
@@ -34,8 +35,10 @@ def register_architecture(name: str, config: type[BaseModel], description: str):
     return wrap
 
 
-def register_preset(name: str, **fields: Any) -> None:
+def register_preset(name: str, note: str = "", **fields: Any) -> None:
+    """Register a named model config; ``note`` is the one-line description `xinda models` shows."""
     PRESETS[name] = dict(fields)
+    PRESET_NOTES[name] = note
 
 
 def _load_families() -> None:

@@ -114,13 +114,12 @@ class Trainer:
                                    tc.max_tokens, tc.seed, p.epoch)
             stop = self.train_epoch(batches)
             if not stop:
-                p.epoch, p.batch = p.epoch + 1, 0
                 stop = self.end_of_epoch()
-        if not ckpt.list_checkpoints(self.out) or \
-                ckpt.list_checkpoints(self.out)[-1].name != f"step_{p.step:07d}.safetensors":
-            self.save()
-        if tc.run_validation and self.has_valid and p.best == -math.inf:
+        if p.batch and tc.run_validation and self.has_valid:  # stopped inside an epoch
             self.validate_and_keep_best()
+        newest = ckpt.list_checkpoints(self.out)
+        if not newest or newest[-1].name != f"step_{p.step:07d}.safetensors":
+            self.save()
         self.write_stats()
         return p
 
@@ -194,18 +193,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
     def end_of_epoch(self) -> bool:
-        """Checkpoint, validate, keep the best weights; True when early stopping triggers."""
+        """Validate and keep the best weights, then checkpoint at the start of the next epoch
+        (validation draws no random numbers, so resuming stays exact). True when early
+        stopping triggers."""
+        p, stop = self.progress, False
+        if self.cfg.train.run_validation and self.has_valid:
+            improved = self.validate_and_keep_best()
+            p.bad_epochs = 0 if improved else p.bad_epochs + 1
+            patience = self.cfg.train.patience
+            if patience and p.bad_epochs >= patience:
+                log.info("early stopping: no improvement for %d epochs", patience)
+                stop = True
+        p.epoch, p.batch = p.epoch + 1, 0
         self.save()
-        if not (self.cfg.train.run_validation and self.has_valid):
-            return False
-        improved = self.validate_and_keep_best()
-        p = self.progress
-        p.bad_epochs = 0 if improved else p.bad_epochs + 1
-        patience = self.cfg.train.patience
-        if patience and p.bad_epochs >= patience:
-            log.info("early stopping: no improvement for %d epochs", patience)
-            return True
-        return False
+        return stop
 
     def validate_and_keep_best(self) -> bool:
         scores = self.validate()
@@ -257,7 +258,7 @@ class Trainer:
 
     def write_stats(self) -> None:
         p = self.progress
-        stats = {"steps": p.step, "epochs_done": p.epoch - (1 if p.batch == 0 else 0),
+        stats = {"steps": p.step, "epochs_done": p.epoch - 1,
                  "tgt_tokens": p.tgt_tokens, "train_seconds": p.train_seconds,
                  "tgt_tok_per_s": p.tgt_tokens / max(p.train_seconds, 1e-9),
                  "precision": self.precision, "device": str(self.device),

@@ -7,17 +7,22 @@ register_architecture("transformer", TransformerConfig,
                       "encoder-decoder Transformer (post-/pre-norm)")(Transformer)
 
 # Vaswani et al. 2017, table 3 "base" and "big".
-register_preset("transformer-base", arch="transformer")
-register_preset("transformer-big", arch="transformer", d_model=1024, heads=16, ffn_dim=4096,
+register_preset("transformer-base", "Vaswani et al. 2017 base: 6+6 x 512, post-norm",
+                arch="transformer")
+register_preset("transformer-big", "Vaswani et al. 2017 big: 6+6 x 1024, 16 heads",
+                arch="transformer", d_model=1024, heads=16, ffn_dim=4096,
                 dropout=0.3)
 # Deep encoder, shallow decoder: pre-norm keeps a 30-layer stack trainable (textbook ch. 15).
-register_preset("transformer-deep", arch="transformer", norm="pre", encoder_layers=30,
+register_preset("transformer-deep", "pre-norm, 30-layer encoder, 6-layer decoder",
+                arch="transformer", norm="pre", encoder_layers=30,
                 decoder_layers=6)
 # Small enough for the demo and for tests on a laptop CPU.
-register_preset("transformer-tiny", arch="transformer", d_model=128, heads=4, ffn_dim=512,
+register_preset("transformer-tiny", "2+2 x 128, pre-norm: demo and tests",
+                arch="transformer", d_model=128, heads=4, ffn_dim=512,
                 encoder_layers=2, decoder_layers=2, norm="pre")
 # The peer benchmark's matched configuration (3+3, d 256, 4 heads, FFN 1024, pre-norm).
-register_preset("transformer-small", arch="transformer", d_model=256, heads=4, ffn_dim=1024,
+register_preset("transformer-small", "3+3 x 256, 4 heads, FFN 1024, pre-norm: peer benchmark",
+                arch="transformer", d_model=256, heads=4, ffn_dim=1024,
                 encoder_layers=3, decoder_layers=3, norm="pre")
 
 __all__ = ["Transformer", "TransformerConfig"]
