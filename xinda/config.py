@@ -123,7 +123,8 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
 def format_validation_error(err: ValidationError, where: str) -> str:
     first = err.errors()[0]
     path = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {path}: {first['msg']}"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {path}: {message}" if path else f"{where}: {message}"
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from xinda.config import XindaError
 from xinda.models.base import Seq2SeqModel
 
 
@@ -119,6 +120,8 @@ def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 
     needs a model that returns source attention."""
     vocab, k = model.vocab, beam
     need_attention = need_attention or coverage > 0
+    if coverage > 0 and not model.has_attention:
+        raise XindaError("the coverage penalty needs an attention model; this one has none")
     batch, device = src.size(0), src.device
     enc = model.encode(src)
     limits = max_lengths((~enc.src_pad).sum(1), max_len_a, max_len_b, _model_limit(model))

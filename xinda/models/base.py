@@ -42,6 +42,7 @@ class Seq2SeqModel(nn.Module):
     """Base class: subclasses implement ``encode``, ``decode`` and ``reorder_state``."""
 
     vocab: VocabInfo
+    has_attention: bool = True  # decode(need_weights=True) returns source attention
 
     def encode(self, src: Tensor) -> EncoderOut:
         """src (B, S) token ids, right-padded -> EncoderOut."""

@@ -70,7 +70,8 @@ class RNNConfig(Strict):
             yield "location attention has no content scores to window: use attention_window global"
         if self.attention in ("dot", "cosine") and self.memory_dim != self.hidden_dim:
             yield (f"{self.attention} attention needs encoder output width {self.memory_dim} == "
-                   f"hidden_dim {self.hidden_dim}: use general/concat or a unidirectional top layer")
+                   f"hidden_dim {self.hidden_dim}: use general/concat or a unidirectional top "
+                   "layer")
         if attn and self.input_feeding and self.attention_style == "bahdanau":
             yield "bahdanau style already feeds the context to the RNN: input_feeding must be false"
         if attn and self.attention_style == "gnmt" and self.decoder_layers < 2:

@@ -42,6 +42,10 @@ def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
 
 
 class RNNEncoder(nn.Module):
+    """Layer stack over the embedded source; returns the memory in source order and each
+    layer's final state. One fused module per layer, so layers can differ (bidirectional
+    bottom, residual connections, dropout in between)."""
+
     def __init__(self, cfg: RNNConfig):
         super().__init__()
         self.cfg = cfg
