@@ -42,8 +42,8 @@ def register_preset(name: str, note: str = "", **fields: Any) -> None:
 
 
 def _load_families() -> None:
+    import xinda.models.rnn
     import xinda.models.transformer  # noqa: F401  (registers itself)
-    import xinda.models.rnn  # noqa: F401  (registers itself)
 
 
 def resolve(spec: dict[str, Any]) -> BaseModel:
