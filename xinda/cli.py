@@ -72,6 +72,7 @@ def translate(
     beam: Annotated[int | None, typer.Option(help="beam size; 1 = greedy")] = None,
     alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
     coverage: Annotated[float | None, typer.Option(help="GNMT coverage penalty beta")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | auto")] = None,
     nbest: Annotated[int, typer.Option(help="write the n best: 'i ||| text ||| score'")] = 1,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
     max_len_a: float | None = None, max_len_b: int | None = None,
@@ -93,7 +94,7 @@ def translate(
     lines = _read_input(input)
     translator = Translator.load(model_dir, checkpoint)
     given = {"beam": beam, "alpha": alpha, "coverage": coverage, "batch_size": batch_size,
-             "max_len_a": max_len_a, "max_len_b": max_len_b}
+             "max_len_a": max_len_a, "max_len_b": max_len_b, "precision": precision}
     options = {k: v for k, v in given.items() if v is not None}
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,

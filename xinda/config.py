@@ -92,6 +92,7 @@ class DecodeConfig(Strict):
     batch_size: int = Field(64, ge=1)  # sentences per batch (sorted by length)
     max_input_len: int = Field(250, ge=1)  # longer inputs are truncated with a warning
     nbest: int = Field(1, ge=1)
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"  # auto: bf16 where it is fast
 
 
 class ExperimentConfig(Strict):

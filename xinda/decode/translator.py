@@ -17,6 +17,7 @@ import torch
 from xinda.config import DecodeConfig, ExperimentConfig, load_config
 from xinda.data.prepare import load_manifest, side_pipeline, side_vocab
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
+from xinda.device import autocast, pick_precision
 from xinda.models.base import Seq2SeqModel, VocabInfo
 from xinda.models.registry import build_model
 from xinda.train.checkpoint import default_weights, load_weights
@@ -107,6 +108,11 @@ class Translator:
         for row, ids in enumerate(batch):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(self.device)
+        with autocast(pick_precision(dec.precision, self.device), self.device):
+            return self._search(src, dec, need_attention)
+
+    def _search(self, src: torch.Tensor, dec: DecodeConfig,
+                need_attention: bool) -> list[list[Hypothesis]]:
         if dec.beam == 1 and dec.nbest == 1 and not dec.coverage:
             hyps = greedy_search(self.model, src, dec.max_len_a, dec.max_len_b, dec.alpha,
                                  need_attention)

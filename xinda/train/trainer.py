@@ -19,11 +19,11 @@ from xinda.config import ExperimentConfig, XindaError, save_config
 from xinda.data.batching import Batch, collate, make_batches
 from xinda.data.prepare import load_manifest, load_split, side_vocab
 from xinda.decode.translator import Translator, vocab_info
+from xinda.device import autocast, pick_device, pick_precision
 from xinda.evaluate.metrics import corpus_scores
 from xinda.models.registry import build_model, resolve
 from xinda.train import checkpoint as ckpt
 from xinda.train.curves import CsvLog, plot_curves
-from xinda.train.device import autocast, pick_device, pick_precision
 from xinda.train.loss import label_smoothed_nll
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.utils import atomic_write_text, read_lines
