@@ -47,10 +47,10 @@ def train(config: Path, set_: SetOpt = None,
 
 
 def _read_input(path: Path | None) -> list[str]:
-    from xinda.utils import read_lines
+    from xinda.utils import decode_lines, read_lines
 
     if path is None or str(path) == "-":
-        return [line.rstrip("\r\n") for line in sys.stdin]
+        return list(decode_lines(sys.stdin.buffer, "<stdin>"))
     return list(read_lines(path))
 
 

@@ -53,11 +53,15 @@ def read_lines(path: str | Path) -> Iterator[str]:
     Raises XindaError naming the file and 1-based line on invalid UTF-8.
     """
     with open_text(path) as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise XindaError(
-                    f"{path}:{lineno}: invalid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r})"
-                ) from None
-            yield line.rstrip("\r\n")
+        yield from decode_lines(f, str(path))
+
+
+def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
+    """Decode a binary line stream as UTF-8; ``name`` (a path or "<stdin>") goes in errors."""
+    for lineno, raw in enumerate(stream, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            bad = raw[err.start:err.start + 1]
+            raise XindaError(f"{name}:{lineno}: invalid UTF-8 (byte {err.start}: {bad!r})") from None
+        yield line.rstrip("\r\n")

@@ -126,3 +126,14 @@ def test_evaluate_line_count_mismatch(xinda, one_line_error, tmp_path):
     (tmp_path / "ref.txt").write_text("a\nb\nc\n", encoding="utf-8")
     proc = xinda("evaluate", tmp_path / "hyp.txt", tmp_path / "ref.txt", ok=False)
     one_line_error(proc)
+
+
+def test_translate_invalid_utf8_on_stdin_names_the_line(trained, xinda_popen):
+    import subprocess
+
+    proc = xinda_popen("translate", trained.model_dir, stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, stderr = proc.communicate(b"three\nfo\xffur\n", timeout=120)
+    assert proc.returncode != 0
+    last = stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("xinda: error: <stdin>:2: invalid UTF-8"), last
