@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 
@@ -106,6 +107,13 @@ def test_kill_and_resume_equals_uninterrupted(resume_config, xinda, xinda_popen,
     for key in ("steps", "epochs_done", "tgt_tokens", "parameters"):
         assert stats_a[key] == stats_b[key], key
     assert stats_a["steps"] == STEPS
+
+    # the log of the resumed run has each update once, like the uninterrupted one
+    def logged_steps(run_dir):
+        with (run_dir / "log.csv").open(newline="") as f:
+            return [int(r["step"]) for r in csv.DictReader(f) if r["train_loss"]]
+
+    assert logged_steps(b_dir) == logged_steps(a_dir) == list(range(1, STEPS + 1))
 
     # training again into a directory with checkpoints, without --resume, is refused
     before = sorted(p.name for p in (a_dir / "checkpoints").iterdir())

@@ -16,6 +16,19 @@ class CsvLog:
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(FIELDS)
 
+    def truncate_after(self, step: int) -> None:
+        """Drop rows logged after ``step`` (they are replayed when training resumes there)."""
+        with self.path.open(newline="") as f:
+            rows = list(csv.reader(f))
+        kept = [rows[0], *(r for r in rows[1:] if r and int(r[0]) <= step)]
+        from xinda.utils import atomic_save
+
+        def write(tmp: Path) -> None:
+            with tmp.open("w", newline="") as f:
+                csv.writer(f).writerows(kept)
+
+        atomic_save(self.path, write)
+
     def write(self, **row) -> None:
         with self.path.open("a", newline="") as f:
             csv.writer(f).writerow([_fmt(row.get(k)) for k in FIELDS])

@@ -92,6 +92,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"])
         self.progress = Progress(**state["progress"])
+        self.csv.truncate_after(self.progress.step)
         log.info("resumed from %s (update %d, epoch %d, batch %d)", found[-1].name,
                  self.progress.step, self.progress.epoch, self.progress.batch)
 
