@@ -65,6 +65,7 @@ class Trainer:
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
         self.has_valid = "valid" in self.manifest["splits"]
         self.progress = Progress()
+        self._translator: Translator | None = None
 
     # ------------------------------------------------------------------ set-up and resume
     def prepare_output_dir(self, resume: bool) -> None:
@@ -249,7 +250,9 @@ class Trainer:
     def valid_bleu(self) -> float:
         sources = list(read_lines(self.data_dir / "valid.src.txt"))
         refs = list(read_lines(self.data_dir / "valid.tgt.txt"))
-        translator = Translator(self.model, self.cfg, self.out)
+        if self._translator is None:  # built once: it loads the manifest and vocabularies
+            self._translator = Translator(self.model, self.cfg, self.out)
+        translator = self._translator
         with autocast(self.precision, self.device):
             hyps = translator.translate_text(sources, beam=self.cfg.train.valid_beam)
         return corpus_scores(hyps, refs, metrics=("bleu",), tokenize=self.bleu_tokenize())[0].score
