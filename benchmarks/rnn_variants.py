@@ -21,16 +21,23 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi30k import PAIRS, ROOT, SHARED, experiment, timed
 
+from xinda.config import apply_overrides
+
+LR_PEAK = 3e-3
 PRESETS = ["rnn-sutskever", "rnn-bahdanau", "rnn-luong-global", "rnn-luong-local-p", "gnmt"]
 
 
-def rnn_config(work: Path, preset: str, budget: float, threads: int) -> dict:
+def rnn_config(work: Path, preset: str, budget: float, threads: int,
+               overrides: list[str] = ()) -> dict:
     cfg = experiment(PAIRS["en-de"], work, budget, threads)
     cfg["data"]["out_dir"] = str(work.parent / "data-bin")
     cfg["model"] = {"preset": preset}
-    # RNNs: Adam 1e-3 after a short warm-up, gradient clipping (Luong et al. 2015 clip at 5).
-    cfg["train"].update(lr=1e-3, warmup_steps=200, schedule="constant", clip_norm=5.0)
-    return cfg
+    # RNNs learn fastest per second here with small batches and a high rate: Adam peak LR_PEAK
+    # after 400 updates, inverse-sqrt decay, 2048 tokens per batch, clipping at 5 (Luong et al.
+    # 2015). Tuned on rnn-luong-global, 240 s runs (docs/results/rnn-variants.md).
+    cfg["train"].update(lr=LR_PEAK, warmup_steps=400, schedule="inverse_sqrt", clip_norm=5.0,
+                        max_tokens=2048)
+    return apply_overrides(cfg, list(overrides))
 
 
 def bleu(hyp: Path, ref: Path) -> float:
@@ -41,10 +48,11 @@ def bleu(hyp: Path, ref: Path) -> float:
     return round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
 
 
-def run_preset(work: Path, preset: str, budget: float, threads: int) -> dict:
+def run_preset(work: Path, preset: str, budget: float, threads: int,
+               overrides: list[str] = ()) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     cfg_path = work / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(rnn_config(work, preset, budget, threads)))
+    cfg_path.write_text(yaml.safe_dump(rnn_config(work, preset, budget, threads, overrides)))
     xinda = [sys.executable, "-m", "xinda.cli"]
     if not (work.parent / "data-bin" / "manifest.json").exists():
         timed([*xinda, "prepare", str(cfg_path)], work / "prepare.log")
@@ -71,13 +79,16 @@ def main() -> None:
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "rnn-variants")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="SECTION.KEY=VALUE", help="override the recipe, e.g. train.lr=2e-3")
     args = ap.parse_args()
     if not (SHARED / "multi30k").is_dir():
         print(f"skipped: {SHARED / 'multi30k'} not found (set XINDA_SHARED_DATA)")
         return
     rows = []
     for preset in args.presets.split(","):
-        rows.append(run_preset(args.workdir / preset, preset, args.budget, args.threads))
+        rows.append(run_preset(args.workdir / preset, preset, args.budget, args.threads,
+                               args.overrides))
         print(json.dumps(rows[-1]), flush=True)
     print("\n| preset | params | updates | train tok/s | BLEU test2016 | BLEU + coverage |\n"
           "|---|---|---|---|---|---|")

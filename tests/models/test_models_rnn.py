@@ -317,7 +317,7 @@ def test_presets_follow_the_papers():
     assert (local.attention_window, local.window_d) == ("local-p", 10)
     gnmt = resolve({"preset": "gnmt"})
     assert (gnmt.encoder_layers, gnmt.bidirectional_bottom_only, gnmt.residual_from,
-            gnmt.attention_style) == (8, True, 3, "gnmt")
+            gnmt.attention_style) == (4, True, 3, "gnmt")
     assert 4 <= gnmt.decoder_layers <= 8
     assert set(RNN_PRESETS) <= set(PRESETS)
     assert {name for name, arch, _ in list_presets() if arch == "rnn"} == set(RNN_PRESETS)

@@ -11,10 +11,12 @@ from xinda.models.rnn.model import RNNModel
 register_architecture("rnn", RNNConfig, "recurrent encoder-decoder (LSTM/GRU/RNN, "
                       "Sutskever/Bahdanau/Luong/GNMT attention)")(RNNModel)
 
+# Widths are 256 throughout so the presets compare at equal width and train in minutes on a
+# CPU; the papers' sizes are in the comments (override hidden_dim/embed_dim/layers to match).
 # Sutskever et al. 2014: 4-layer LSTM, reversed source, no attention, the encoder's final
 # state starts the decoder (paper: 1000 units, 1000-dim embeddings).
-register_preset("rnn-sutskever", "Sutskever et al. 2014: 4+4 LSTM x 512, reversed source, "
-                "no attention", arch="rnn", cell="lstm", embed_dim=512, hidden_dim=512,
+register_preset("rnn-sutskever", "Sutskever et al. 2014: 4+4 LSTM x 256, reversed source, "
+                "no attention", arch="rnn", cell="lstm", embed_dim=256, hidden_dim=256,
                 encoder_layers=4, decoder_layers=4, reverse_source=True, attention="none",
                 decoder_init="final", dropout=0.2)
 # Bahdanau et al. 2015 (RNNsearch): bidirectional GRU encoder, additive attention queried by
@@ -36,12 +38,12 @@ register_preset("rnn-luong-local-p", "Luong et al. 2015: 2+2 LSTM x 256, local-p
                 hidden_dim=256, encoder_layers=2, decoder_layers=2, reverse_source=True,
                 attention="general", attention_style="luong", attention_window="local-p",
                 window_d=10, input_feeding=True, decoder_init="final", dropout=0.2)
-# GNMT (Wu et al. 2016): 8-layer LSTM encoder with a bidirectional bottom layer, residual
-# connections from layer 3, 8-layer decoder whose bottom layer's output queries additive
-# attention for all layers above (paper: 1024 units).
-register_preset("gnmt", "GNMT (Wu et al. 2016): 8+8 LSTM x 512, bidirectional bottom, "
-                "residual from layer 3", arch="rnn", cell="lstm", embed_dim=512,
-                hidden_dim=512, encoder_layers=8, decoder_layers=8, bidirectional=True,
+# GNMT (Wu et al. 2016): deep LSTM encoder with a bidirectional bottom layer, residual
+# connections from layer 3, a decoder whose bottom layer's output queries additive attention
+# for all layers above (paper: 8+8 layers of 1024 units).
+register_preset("gnmt", "GNMT (Wu et al. 2016): 4+4 LSTM x 256, bidirectional bottom, "
+                "residual from layer 3", arch="rnn", cell="lstm", embed_dim=256,
+                hidden_dim=256, encoder_layers=4, decoder_layers=4, bidirectional=True,
                 bidirectional_bottom_only=True, residual_from=3, attention="concat",
                 attention_style="gnmt", decoder_init="zeros", dropout=0.2)
 

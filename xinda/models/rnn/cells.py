@@ -93,6 +93,21 @@ def run_rnn(rnn: nn.RNNBase, x: Tensor, state=None, reference: bool = False):
     return unroll_reference(rnn, x, state) if reference else rnn(x, state)
 
 
+_STEP = {"lstm": torch.lstm_cell, "gru": torch.gru_cell, "rnn": torch.rnn_tanh_cell}
+
+
+def step_fused(rnn: nn.RNNBase, x: Tensor, parts: list[Tensor]) -> list[Tensor]:
+    """One time step of a single-layer, unidirectional fused module through PyTorch's cell
+    kernels (``torch.lstm_cell`` etc., the ones ``nn.LSTMCell`` uses) with the module's own
+    weights: x (B, I), [h] or [h, c] each (B, H) -> the new [h] or [h, c]. Cheaper per step
+    than calling the sequence module with T = 1, and its bf16 weight casts are cached."""
+    weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
+    kind = cell_kind(rnn)
+    if kind == "lstm":
+        return list(_STEP[kind](x, (parts[0], parts[1]), *weights))
+    return [_STEP[kind](x, parts[0], *weights)]
+
+
 def from_module_state(kind: str, state) -> list[Tensor]:
     """Fused module state h (dirs, B, H) [and c] -> [h] or [h, c], each (B, dirs*H) with the
     directions concatenated (batch first, so ``reorder_nested`` can index it)."""

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from xinda.models.layers import Dropout
 from xinda.models.rnn.attention import SourceAttention
-from xinda.models.rnn.cells import from_module_state, make_rnn, run_rnn, to_module_state
+from xinda.models.rnn.cells import (from_module_state, make_rnn, run_rnn, step_fused,
+                                    to_module_state)
 from xinda.models.rnn.config import RNNConfig
 from xinda.models.rnn.encoder import RNNEncoderOut
 
@@ -87,6 +88,9 @@ class RNNDecoder(nn.Module):
     def _layer(self, i: int, x: Tensor, state: dict) -> Tensor:
         """Decoder layer i over x (B, T, In), continuing from and updating its state."""
         kind = self.cfg.cell
+        if x.size(1) == 1 and not self.reference:  # one step: the cell kernel
+            state["hidden"][i] = step_fused(self.layers[i], x[:, 0], state["hidden"][i])
+            return state["hidden"][i][0][:, None]  # (B, 1, H)
         out, new = run_rnn(self.layers[i], x, to_module_state(kind, state["hidden"][i]),
                            self.reference)
         state["hidden"][i] = from_module_state(kind, new)
