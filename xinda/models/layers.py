@@ -179,16 +179,35 @@ class FeedForward(nn.Module):
 
 class SublayerConnection(nn.Module):
     """Residual connection around a sub-layer with LayerNorm before it (pre-norm,
-    x + F(LN(x))) or after it (post-norm, LN(x + F(x))); dropout on F's output."""
+    x + F(LN(x))) or after it (post-norm, LN(x + F(x))); dropout on F's output.
 
-    def __init__(self, dim: int, dropout: float, pre_norm: bool):
+    ``skip_prob`` p > 0 adds layer dropout (textbook ch. 15; Pham et al. 2019): in training the
+    whole sub-layer is skipped with probability p, x_{l+1} = M * F(LN(x_l)) + x_l with
+    M ~ Bernoulli(1 - p) / (1 - p), so the kept F is scaled up and inference (never skipped)
+    sees the same expectation. ``residual=False`` drops the "+ x" (only with sub-layer fusion,
+    which then carries the earlier information).
+    """
+
+    def __init__(self, dim: int, dropout: float, pre_norm: bool, skip_prob: float = 0.0,
+                 residual: bool = True):
         super().__init__()
         self.norm, self.dropout, self.pre_norm = nn.LayerNorm(dim), Dropout(dropout), pre_norm
+        self.skip_prob, self.residual = skip_prob, residual
 
     def forward(self, x: Tensor, sublayer) -> tuple[Tensor, object]:
         """``sublayer`` maps a (B, T, D) tensor to (output, extra); extra is passed through."""
+        scale = 1.0
+        if self.skip_prob and self.training:  # layer dropout: M of the docstring
+            if torch.rand(()) < self.skip_prob:
+                return (x if self.pre_norm else self.norm(x)), None
+            scale = 1.0 / (1.0 - self.skip_prob)
+        skip = x if self.residual else 0.0
         if self.pre_norm:
             y, extra = sublayer(self.norm(x))
-            return x + self.dropout(y), extra
+            return skip + self._scaled(y, scale), extra
         y, extra = sublayer(x)
-        return self.norm(x + self.dropout(y)), extra
+        return self.norm(skip + self._scaled(y, scale)), extra
+
+    def _scaled(self, y: Tensor, scale: float) -> Tensor:
+        y = self.dropout(y)
+        return y if scale == 1.0 else y * scale

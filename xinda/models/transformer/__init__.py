@@ -16,6 +16,16 @@ register_preset("transformer-big", "Vaswani et al. 2017 big: 6+6 x 1024, 16 head
 register_preset("transformer-deep", "pre-norm, 30-layer encoder, 6-layer decoder",
                 arch="transformer", norm="pre", encoder_layers=30,
                 decoder_layers=6)
+# DLCL (Wang et al. 2019): the deep pre-norm stack with dynamic linear combination of layers.
+register_preset("transformer-dlcl", "pre-norm 30+6 layers, DLCL on encoder and decoder",
+                arch="transformer", norm="pre", encoder_layers=30, decoder_layers=6,
+                dense="both")
+# Information-transfer enhancement (fusion paper) on Transformer base, encoder and decoder.
+register_preset("transformer-layer-fusion", "base + layer-wise mean fusion, retention gate",
+                arch="transformer", fusion="layer", fusion_function="mean", fusion_side="both")
+register_preset("transformer-sublayer-fusion", "base + sub-layer-wise mean fusion, retention "
+                "gate", arch="transformer", fusion="sublayer", fusion_function="mean",
+                fusion_side="both")
 # Small enough for the demo and for tests on a laptop CPU.
 register_preset("transformer-tiny", "2+2 x 128, pre-norm: demo and tests",
                 arch="transformer", d_model=128, heads=4, ffn_dim=512,

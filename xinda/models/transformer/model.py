@@ -1,20 +1,25 @@
-"""The Transformer (Vaswani et al. 2017), composed from the shared layers.
+"""The Transformer (Vaswani et al. 2017), composed from the shared layers, with the deep-network
+methods of textbook ch. 15 and the information-transfer fusion as options (all off by default).
 
 Encoder layer: self-attention and FFN sub-layers; decoder layer: masked self-attention,
 encoder-decoder attention and FFN. Each sub-layer sits in a ``SublayerConnection`` (residual +
-LayerNorm, post- or pre-norm). Pre-norm stacks end with a final LayerNorm.
+LayerNorm, post- or pre-norm, optional layer dropout). Pre-norm stacks end with a final
+LayerNorm. How layers feed each other (plain, DLCL, fusion) is in ``connections``.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from xinda.config import Strict
 from xinda.models.base import EncoderOut, Seq2SeqModel, VocabInfo, reorder_nested
 from xinda.models.layers import FeedForward, MultiHeadAttention, SublayerConnection, TokenEmbedding
+from xinda.models.transformer.connections import DenseConnection, InformationFusion, run_plain
+
+Side = Literal["none", "encoder", "decoder", "both"]
 
 
 class TransformerConfig(Strict):
@@ -32,43 +37,123 @@ class TransformerConfig(Strict):
     share_embeddings: bool = True  # one source/target table, when the vocabulary is joint
     tie_output: bool = True  # output projection = target embedding matrix
     max_positions: int = Field(1024, ge=16)
+    # Deep Transformers (textbook ch. 15).
+    dense: Side = "none"  # DLCL on these stacks
+    dense_every: int = Field(1, ge=1)  # p: aggregate every p layers (1 = DLCL)
+    layer_dropout: float = Field(0.0, ge=0, lt=1)  # phi: sub-layer l of N skipped w.p. l/N*phi
+    layer_dropout_side: Side = "both"
+    # Information-transfer enhancement (fusion paper): layer-wise, sub-layer-wise, or once
+    # after the last decoder layer ("last", decoder only).
+    fusion: Literal["none", "layer", "sublayer", "last"] = "none"
+    fusion_function: Literal["mean", "linear"] = "mean"
+    fusion_side: Side = "both"
+    residual: bool = True  # False: no residual connections where sub-layer fusion runs
+
+    def uses(self, option: str, side: str) -> bool:
+        """Does ``dense`` / ``layer_dropout`` / ``fusion`` apply to the encoder or decoder?"""
+        where = {"dense": self.dense, "layer_dropout": self.layer_dropout_side,
+                 "fusion": self.fusion_side}[option]
+        active = {"dense": self.dense != "none", "layer_dropout": self.layer_dropout > 0,
+                  "fusion": self.fusion != "none"}[option]
+        return active and where in (side, "both")
+
+    @model_validator(mode="after")
+    def _check(self) -> TransformerConfig:
+        if self.dense != "none" and self.fusion != "none":
+            raise ValueError("dense (DLCL) and fusion both rewire the layer inputs: pick one")
+        if self.fusion != "none" and self.fusion_side == "none":
+            raise ValueError(f"fusion {self.fusion!r} needs fusion_side encoder/decoder/both")
+        if self.fusion == "last" and self.fusion_side != "decoder":
+            raise ValueError("fusion 'last' fuses once after the last decoder layer: set "
+                             "fusion_side: decoder")
+        if not self.residual and self.fusion != "sublayer":
+            raise ValueError("residual: false needs fusion: sublayer (without residuals only "
+                             "the sub-layer fusion carries earlier information)")
+        if self.layer_dropout > 0 and self.layer_dropout_side == "none":
+            raise ValueError("layer_dropout > 0 needs layer_dropout_side encoder/decoder/both")
+        return self
+
+
+def skip_probability(index: int, total: int, phi: float) -> float:
+    """Layer dropout rate of sub-layer ``index`` (1-based) of ``total``: p_l = l / N * phi,
+    rising linearly from the bottom (textbook ch. 15; N = 2L in the encoder, 3L in the
+    decoder)."""
+    return index / total * phi
+
+
+def sublayer_connection(cfg: TransformerConfig, side: str, index: int,
+                        total: int) -> SublayerConnection:
+    """The residual block of sub-layer ``index`` (1-based) of ``total`` in the ``side`` stack."""
+    skip = skip_probability(index, total, cfg.layer_dropout) if cfg.uses(
+        "layer_dropout", side) else 0.0
+    residual = cfg.residual or not cfg.uses("fusion", side)
+    return SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm == "pre", skip, residual)
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, index: int = 0):
         super().__init__()
-        pre = cfg.norm == "pre"
+        total = 2 * cfg.encoder_layers
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, True)
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout, cfg.activation)
-        self.attn_sub = SublayerConnection(cfg.d_model, cfg.dropout, pre)
-        self.ffn_sub = SublayerConnection(cfg.d_model, cfg.dropout, pre)
+        self.attn_sub = sublayer_connection(cfg, "encoder", 2 * index + 1, total)
+        self.ffn_sub = sublayer_connection(cfg, "encoder", 2 * index + 2, total)
+
+    def sublayers(self, keep: Tensor) -> list:
+        """The two sub-layers as units (B, S, D) -> (B, S, D)."""
+        return [lambda x: self.attn_sub(x, lambda y: self.self_attn(y, keep=keep))[0],
+                lambda x: self.ffn_sub(x, lambda y: (self.ffn(y), None))[0]]
 
     def forward(self, x: Tensor, keep: Tensor) -> Tensor:
-        x, _ = self.attn_sub(x, lambda y: self.self_attn(y, keep=keep))
-        x, _ = self.ffn_sub(x, lambda y: (self.ffn(y), None))
-        return x
+        return run_plain(x, self.sublayers(keep))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, index: int = 0):
         super().__init__()
-        pre = cfg.norm == "pre"
+        total = 3 * cfg.decoder_layers
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, True)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, False)
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout, cfg.activation)
         self.self_sub, self.cross_sub, self.ffn_sub = (
-            SublayerConnection(cfg.d_model, cfg.dropout, pre) for _ in range(3))
+            sublayer_connection(cfg, "decoder", 3 * index + k, total) for k in (1, 2, 3))
 
-    def forward(self, x: Tensor, enc: EncoderOut, cache: dict | None,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def sublayers(self, enc: EncoderOut, cache: dict | None, need_weights: bool,
+                  found: dict) -> list:
+        """The three sub-layers as units (B, T, D) -> (B, T, D); the cross-attention weights
+        land in ``found["attn"]``."""
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
-        x, _ = self.self_sub(x, lambda y: self.self_attn(y, causal=True, cache=self_cache))
-        x, attn = self.cross_sub(x, lambda y: self.cross_attn(
-            y, memory=enc.memory, keep=enc.keep, cache=cross_cache, need_weights=need_weights))
-        x, _ = self.ffn_sub(x, lambda y: (self.ffn(y), None))
-        return x, attn
+
+        def cross(x: Tensor) -> Tensor:
+            x, found["attn"] = self.cross_sub(x, lambda y: self.cross_attn(
+                y, memory=enc.memory, keep=enc.keep, cache=cross_cache,
+                need_weights=need_weights))
+            return x
+
+        return [lambda x: self.self_sub(
+                    x, lambda y: self.self_attn(y, causal=True, cache=self_cache))[0],
+                cross,
+                lambda x: self.ffn_sub(x, lambda y: (self.ffn(y), None))[0]]
+
+    def forward(self, x: Tensor, enc: EncoderOut, cache: dict | None,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        found: dict = {}
+        x = run_plain(x, self.sublayers(enc, cache, need_weights, found))
+        return x, found.get("attn")
+
+
+def make_connection(cfg: TransformerConfig, side: str, layers: int,
+                    sublayers_per_layer: int) -> nn.Module | None:
+    """The ``side`` stack's DLCL or fusion module, or None for plain connections."""
+    pre = cfg.norm == "pre"
+    if cfg.uses("dense", side):
+        return DenseConnection(layers, cfg.d_model, cfg.dense_every, pre)
+    if cfg.uses("fusion", side):
+        units = layers * (1 if cfg.fusion == "layer" else sublayers_per_layer)
+        return InformationFusion(units, cfg.d_model, cfg.fusion_function, cfg.fusion == "last")
+    return None
 
 
 class Transformer(Seq2SeqModel):
@@ -83,8 +168,12 @@ class Transformer(Seq2SeqModel):
         self.src_embed = embedding(vocab.src_size)
         shared = cfg.share_embeddings and vocab.joint
         self.tgt_embed = self.src_embed if shared else embedding(vocab.tgt_size)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, i)
+                                            for i in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, i)
+                                            for i in range(cfg.decoder_layers))
+        self.encoder_connection = make_connection(cfg, "encoder", cfg.encoder_layers, 2)
+        self.decoder_connection = make_connection(cfg, "decoder", cfg.decoder_layers, 3)
         final = cfg.norm == "pre"  # pre-norm leaves the residual stream un-normalised
         self.encoder_norm = nn.LayerNorm(d) if final else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if final else nn.Identity()
@@ -94,28 +183,44 @@ class Transformer(Seq2SeqModel):
         else:
             nn.init.normal_(self.output.weight, std=d**-0.5)
 
+    def _units_of(self, layers: list, sublayers: list[list]) -> list:
+        """Layer units, or the flat list of sub-layer units for sub-layer-wise fusion."""
+        if self.cfg.fusion in ("sublayer", "last"):
+            return [unit for group in sublayers for unit in group]
+        return layers
+
     def encode(self, src: Tensor) -> EncoderOut:
         src_pad = src.eq(self.vocab.pad)  # (B, S)
         keep = ~src_pad[:, None, None, :]  # (B, 1, 1, S)
         x = self.src_embed(src)  # (B, S, D)
-        for layer in self.encoder_layers:
-            x = layer(x, keep)
+        if self.encoder_connection is None:
+            for layer in self.encoder_layers:
+                x = layer(x, keep)
+        else:
+            layers = [lambda y, layer=layer: layer(y, keep) for layer in self.encoder_layers]
+            sublayers = [layer.sublayers(keep) for layer in self.encoder_layers]
+            x = self.encoder_connection(x, self._units_of(layers, sublayers))
         return EncoderOut(self.encoder_norm(x), src_pad)
 
     def decode(self, prev: Tensor, enc: EncoderOut, state: dict | None = None,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         start = 0 if state is None else state.get("step", 0)
         x = self.tgt_embed(prev, start=start)  # (B, T, D)
-        caches = None
+        caches: list = [None] * len(self.decoder_layers)
         if state is not None:
             caches = state.setdefault("layers", [{} for _ in self.decoder_layers])
             state["step"] = start + prev.size(1)
-        attn = None
-        for i, layer in enumerate(self.decoder_layers):
-            last = i == len(self.decoder_layers) - 1
-            x, a = layer(x, enc, None if caches is None else caches[i], need_weights and last)
-            attn = a if last else attn
-        return self.output(self.decoder_norm(x)), attn  # (B, T, V), (B, T, S) or None
+        last = len(self.decoder_layers) - 1
+        found: dict = {}  # the last layer's cross-attention weights
+        sublayers = [layer.sublayers(enc, caches[i], need_weights and i == last,
+                                     found if i == last else {})
+                     for i, layer in enumerate(self.decoder_layers)]
+        if self.decoder_connection is None:
+            x = run_plain(x, [unit for group in sublayers for unit in group])
+        else:
+            layers = [lambda y, group=group: run_plain(y, group) for group in sublayers]
+            x = self.decoder_connection(x, self._units_of(layers, sublayers))
+        return self.output(self.decoder_norm(x)), found.get("attn")  # (B, T, V), (B, T, S)
 
     def reorder_state(self, state: dict, order: Tensor) -> None:
         reorder_nested(state.get("layers", []), order)

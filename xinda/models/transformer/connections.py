@@ -1,0 +1,155 @@
+"""How a Transformer stack passes information from one layer (or sub-layer) to the next.
+
+A stack is a list of *units*: callables (B, T, D) -> (B, T, D), each one layer or one
+sub-layer with its own residual connection. A connection runs the units in order and decides
+what each unit reads:
+
+- ``run_plain``: the previous unit's output (the standard Transformer);
+- ``DenseConnection``: DLCL (Wang et al. 2019, textbook ch. 15) and its grouped form, a learned
+  linear combination of every earlier (group) output;
+- ``InformationFusion``: the information-transfer enhancement (fusion paper, eqs. 7-16), a
+  gated merge of the current output with a fusion of all earlier outputs.
+
+Everything is per position, so incremental decoding sees exactly what full decoding sees.
+Shapes: B batch, T length, D model width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+Unit = Callable[[Tensor], Tensor]
+
+
+def run_plain(x: Tensor, units: Sequence[Unit]) -> Tensor:
+    """x_{l+1} = unit_l(x_l): every unit reads its predecessor's output."""
+    for unit in units:
+        x = unit(x)
+    return x
+
+
+def dlcl_aggregate(weights: Tensor, history: Sequence[Tensor]) -> Tensor:
+    """DLCL, g_l = sum_{i<=l} W_{l,i} z_i: ``weights`` (l+1,) for the l+1 stored z_i (B, T, D)."""
+    out = history[0] * weights[0]
+    for w, z in zip(weights[1:], history[1:]):
+        out = out + w * z
+    return out
+
+
+class DenseConnection(nn.Module):
+    """Dynamic linear combination of layers (DLCL, Wang et al. 2019), grouped every p layers.
+
+    z_0 is the embedding output; after every p-th layer the output x is stored as
+    z_k = LN_k(x) (pre-norm; post-norm stores x and normalises the sum instead, as in the
+    paper), and the next layer reads g_k = sum_{i<=k} W_{k,i} z_i. W is a learnable
+    lower-triangular (K+1) x (K+1) matrix, K = layers // p, each row initialised to 1/M over its
+    M = k+1 entries (the mean). p = 1 is DLCL itself; p > layers never aggregates, i.e. the
+    plain Transformer. Layers between two aggregation points read their predecessor's output.
+    """
+
+    def __init__(self, layers: int, dim: int, every: int = 1, pre_norm: bool = True):
+        super().__init__()
+        self.every, self.pre_norm = every, pre_norm
+        points = layers // every  # aggregation points K
+        self.weights = nn.Parameter(dlcl_init(points + 1))
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(points))
+
+    def forward(self, x: Tensor, units: Sequence[Unit]) -> Tensor:
+        history = [x]  # z_0 = embedding output
+        for layer, unit in enumerate(units, 1):
+            x = unit(x)
+            if layer % self.every:
+                continue  # inside a group: plain connection
+            k = len(history)  # index of the new z_k
+            history.append(self.norms[k - 1](x) if self.pre_norm else x)
+            x = dlcl_aggregate(self.weights[k, :k + 1], history)
+            if not self.pre_norm:
+                x = self.norms[k - 1](x)
+        return x
+
+
+def dlcl_init(size: int) -> Tensor:
+    """Lower-triangular (size, size) with row k set to 1 / (k + 1) on its k + 1 entries."""
+    rows = torch.arange(1, size + 1, dtype=torch.float32)[:, None]
+    return torch.ones(size, size).tril() / rows
+
+
+class RetentionGate(nn.Module):
+    """Retention gate (fusion paper, eqs. 8-9): g = sigmoid(W [fusion; current] + b),
+    out = LN((1 - g) * current + g * fusion).
+
+    W is d_model x 2 d_model applied to the concatenation, so g holds one gate per dimension
+    (and position), not one scalar per layer.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(2 * dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        nn.init.xavier_uniform_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def gate(self, current: Tensor, fusion: Tensor) -> Tensor:
+        return torch.sigmoid(self.proj(torch.cat([fusion, current], dim=-1)))  # (B, T, D)
+
+    def forward(self, current: Tensor, fusion: Tensor) -> Tensor:
+        g = self.gate(current, fusion)
+        return self.norm((1 - g) * current + g * fusion)
+
+
+def mean_fusion(history: Sequence[Tensor]) -> Tensor:
+    """Fusion by the arithmetic mean (eq. 7, f = mean): (1/n) sum_i h_i."""
+    out = history[0]
+    for h in history[1:]:
+        out = out + h
+    return out / len(history)
+
+
+class LinearFusion(nn.Module):
+    """Fusion by a learned linear transform (eq. 7, f = linear): W [h_1; ...; h_n], W of shape
+    D x nD, initialised to [I/n ... I/n] so that training starts from the mean."""
+
+    def __init__(self, n: int, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(n * dim, dim, bias=False)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.eye(dim).repeat(1, n) / n)
+
+    def forward(self, history: Sequence[Tensor]) -> Tensor:
+        return self.proj(torch.cat(list(history), dim=-1))
+
+
+class InformationFusion(nn.Module):
+    """Information-transfer enhancement over ``units`` (layers or sub-layers).
+
+    After unit i (i >= 2) the next unit reads LN((1 - g) * out_i + g * f(out_1..out_{i-1}))
+    (``RetentionGate``), f the mean or a learned linear transform of all earlier unit outputs
+    (the raw outputs, before gating). Layer-wise fusion uses layers as units (eqs. 7-9),
+    sub-layer-wise fusion uses sub-layers (eqs. 10-12). ``last_only`` fuses once, after the
+    final unit (the last-layer "sub-layer connection" variant, eqs. 13-16).
+    """
+
+    def __init__(self, units: int, dim: int, function: str = "mean", last_only: bool = False):
+        super().__init__()
+        self.units, self.last_only = units, last_only
+        points = [units - 1] if last_only else list(range(1, units))  # 0-based fused units
+        self.points = points
+        self.gates = nn.ModuleList(RetentionGate(dim) for _ in points)
+        self.linear = (nn.ModuleList(LinearFusion(i, dim) for i in points)
+                       if function == "linear" else None)
+
+    def fuse(self, slot: int, history: Sequence[Tensor]) -> Tensor:
+        return mean_fusion(history) if self.linear is None else self.linear[slot](history)
+
+    def forward(self, x: Tensor, units: Sequence[Unit]) -> Tensor:
+        history: list[Tensor] = []
+        slots = {unit: slot for slot, unit in enumerate(self.points)}
+        for i, unit in enumerate(units):
+            out = unit(x)
+            slot = slots.get(i)
+            x = out if slot is None else self.gates[slot](out, self.fuse(slot, history))
+            history.append(out)
+        return x
