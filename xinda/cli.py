@@ -1,4 +1,4 @@
-"""Command line: ``xinda prepare | train | translate | evaluate | average | models | demo``.
+"""Command line: ``xinda prepare | train | translate | evaluate | average | grow | models | demo``.
 
 Every user-facing failure is a ``XindaError``: printed as one line ``xinda: error: ...`` on
 stderr with exit code 1; nothing already written is lost (all outputs are written atomically).
@@ -166,16 +166,30 @@ def average(model_dir: Path,
 
 
 @app.command()
+def grow(model_dir: Path,
+         to: Annotated[int, typer.Option("--to", help="encoder layers N of the grown model "
+                                         "(h < N <= 2h)")],
+         out: Annotated[Path | None, typer.Option(help="new model directory "
+                                                  "(default: MODEL_DIR-Nl)")] = None) -> None:
+    """Copy the trained encoder of MODEL_DIR into an N-layer one (progressive training); then
+    `xinda train OUT/config.yaml --resume` continues with the learning rate reset."""
+    from xinda.train.grow import grow_model_dir
+
+    new_dir = grow_model_dir(model_dir, to, out)
+    print(f"grown -> {new_dir}; continue with: xinda train {new_dir / 'config.yaml'} --resume")
+
+
+@app.command()
 def models() -> None:
     """List registered model presets with their parameter counts (32k joint vocabulary)."""
     from xinda.models.base import VocabInfo
     from xinda.models.registry import PRESET_NOTES, build_model, list_presets
 
     vocab = VocabInfo(32000, 32000, 0, 2, 3, True)
-    print(f"{'preset':<22} {'arch':<12} {'parameters':>14}  description")
+    print(f"{'preset':<28} {'arch':<12} {'parameters':>14}  description")
     for name, arch, cfg in list_presets():
         params = build_model(cfg, vocab).num_parameters()
-        print(f"{name:<22} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
+        print(f"{name:<28} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
 
 
 @app.command()

@@ -65,7 +65,8 @@ class TrainConfig(Strict):
     eps: float = 1e-8
     momentum: float = 0.0  # SGD only
     weight_decay: float = 0.0
-    schedule: Literal["inverse_sqrt", "noam", "step", "constant"] = "inverse_sqrt"
+    # noam_reset: noam, restarted at its peak after each growth (`xinda grow`)
+    schedule: Literal["inverse_sqrt", "noam", "noam_reset", "step", "constant"] = "inverse_sqrt"
     warmup_steps: int = Field(4000, ge=0)
     decay_every: int = Field(1000, ge=1)  # step schedule: multiply by decay_factor every N steps
     decay_factor: float = Field(0.5, gt=0, le=1)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from xinda.config import TrainConfig
 
 
-def learning_rate(cfg: TrainConfig, step: int, d_model: int = 512) -> float:
+def learning_rate(cfg: TrainConfig, step: int, d_model: int = 512,
+                  resets: Sequence[int] = ()) -> float:
     """Learning rate at update ``step`` (1-based) for the configured schedule.
 
     - inverse_sqrt: linear warm-up 0 -> lr over ``warmup_steps``, then lr * sqrt(warmup / step)
@@ -17,11 +19,19 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int = 512) -> float:
     - noam: lr * d^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani eq. 3, with ``lr`` as
       the scale factor);
     - step: lr * decay_factor^(step // decay_every) after a linear warm-up;
-    - constant: lr after a linear warm-up.
+    - constant: lr after a linear warm-up;
+    - noam_reset: noam until the first of ``resets`` (the update counts after which the model
+      was grown, ``xinda grow``); after the latest reset r, lr * d^-0.5 * (k + warmup)^-0.5
+      with k = step - r - 1 updates done since the reset: the first update after a growth runs
+      at noam's peak lr * d^-0.5 * warmup^-0.5, then inverse-sqrt decay counted from the reset.
     """
     step = max(step, 1)
     warm = cfg.warmup_steps
-    if cfg.schedule == "noam":
+    last = max((r for r in resets if r < step), default=None)
+    if cfg.schedule == "noam_reset" and last is not None:
+        # Learning-rate restart of shallow-to-deep training (Li et al. 2020).
+        rate = cfg.lr * d_model**-0.5 * (step - last - 1 + max(warm, 1)) ** -0.5
+    elif cfg.schedule in ("noam", "noam_reset"):
         rate = cfg.lr * d_model**-0.5 * min(step**-0.5, step * max(warm, 1) ** -1.5)
     else:
         warmup = step / warm if warm and step < warm else 1.0

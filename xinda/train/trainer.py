@@ -9,7 +9,7 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,6 +42,7 @@ class Progress:
     train_seconds: float = 0.0  # training-loop wall clock
     best: float = -math.inf  # best validation score (BLEU, or -loss)
     bad_epochs: int = 0  # epochs since the best one
+    lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
 
 
 class Trainer:
@@ -89,8 +90,12 @@ class Trainer:
             return
         ckpt.load_weights(self.model, found[-1])
         state = ckpt.load_state(found[-1])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
+        if state["optimizer"] is None:  # `xinda grow`: new parameters, so fresh Adam moments
+            log.info("%s has no optimizer state: starting a fresh optimizer", found[-1].name)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"]:  # empty when saved by a disabled (non-fp16) scaler
+            self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"])
         self.progress = Progress(**state["progress"])
         self.csv.truncate_after(self.progress.step)
@@ -168,7 +173,8 @@ class Trainer:
         summed NLL and target tokens. Gradients are normalised by target tokens."""
         tc = self.cfg.train
         self.model.train()
-        self.lr = learning_rate(tc, self.progress.step + 1, getattr(self.model_cfg, "d_model", 512))
+        self.lr = learning_rate(tc, self.progress.step + 1, getattr(self.model_cfg, "d_model", 512),
+                                self.progress.lr_resets)
         set_lr(self.optimizer, self.lr)
         batches = [self.collate(idx) for idx in group]
         ntokens = sum(b.ntokens for b in batches)

@@ -1,0 +1,103 @@
+"""``xinda grow``: train a 1-layer encoder, grow it to 2 layers, resume training from there."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+import yaml
+
+from xinda.config import TrainConfig, XindaError
+from xinda.train.checkpoint import list_checkpoints, load_state
+from xinda.train.grow import grow_model_dir
+from xinda.train.schedule import learning_rate
+
+SHALLOW_STEPS, MORE_STEPS = 8, 6
+TRAIN = {"max_steps": SHALLOW_STEPS, "log_every": 1, "valid_bleu": False, "lr": 3e-3,
+         "warmup_steps": 20}  # inverse_sqrt: grow turns it into noam_reset with this peak
+
+
+def rows(model_dir):
+    with (model_dir / "log.csv").open(newline="") as f:
+        return [r for r in csv.DictReader(f) if r["lr"]]
+
+
+@pytest.fixture(scope="module")
+def grown(prepared, write_config, xinda, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grow")
+    shallow = root / "shallow"
+    config = write_config(root / "shallow.yaml", prepared.raw, prepared.data_dir, shallow,
+                          train={**TRAIN, "out_dir": str(shallow)})
+    xinda("train", config)
+    proc = xinda("grow", shallow, "--to", "2")  # --out defaults to MODEL_DIR-2l
+    return shallow, root / "shallow-2l", proc
+
+
+def test_grow_writes_a_self_contained_directory(grown):
+    shallow, deep, proc = grown
+    assert str(deep) in proc.stdout and "--resume" in proc.stdout
+    assert "noam_reset" in proc.stderr
+    cfg = yaml.safe_load((deep / "config.yaml").read_text(encoding="utf-8"))
+    old = yaml.safe_load((shallow / "config.yaml").read_text(encoding="utf-8"))
+    assert cfg["model"]["arch"] == "transformer" and cfg["model"]["encoder_layers"] == 2
+    assert cfg["model"]["decoder_layers"] == old["model"]["decoder_layers"] == 1
+    assert cfg["model"]["d_model"] == 32 and "norm" in cfg["model"]  # every field explicit
+    assert cfg["train"]["out_dir"] == str(deep) and cfg["train"]["schedule"] == "noam_reset"
+    for name in ("manifest.json", "log.csv", *{p.name for p in shallow.glob("*.model")}):
+        assert (deep / name).is_file(), name
+    [checkpoint] = list_checkpoints(deep)
+    assert checkpoint.name == f"step_{SHALLOW_STEPS:07d}.safetensors"
+    state = load_state(checkpoint)
+    old_state = load_state(list_checkpoints(shallow)[-1])
+    assert state["optimizer"] is None
+    assert state["progress"]["lr_resets"] == [SHALLOW_STEPS]
+    assert state["progress"]["best"] == -math.inf
+    for key in ("step", "epoch", "batch", "tgt_tokens", "train_seconds"):
+        assert state["progress"][key] == old_state["progress"][key], key
+    assert torch.equal(state["rng"], old_state["rng"])
+
+
+def test_resume_continues_with_the_lr_at_its_peak(grown, xinda):
+    from xinda.decode.translator import Translator
+
+    _, deep, _ = grown
+    total = SHALLOW_STEPS + MORE_STEPS
+    proc = xinda("train", deep / "config.yaml", "--resume", "--set",
+                 f"train.max_steps={total}")
+    assert f"trained {total} updates" in proc.stdout
+    assert "fresh optimizer" in proc.stderr
+    assert list_checkpoints(deep)[-1].name == f"step_{total:07d}.safetensors"
+    logged = {int(r["step"]): float(r["lr"]) for r in rows(deep)}
+    assert sorted(logged) == list(range(1, total + 1))  # the step counter continued
+    assert logged[SHALLOW_STEPS + 1] == pytest.approx(TRAIN["lr"], rel=1e-5)  # the old peak
+    assert logged[SHALLOW_STEPS] < logged[SHALLOW_STEPS + 1]  # still warming up before
+    cfg = TrainConfig(**yaml.safe_load((deep / "config.yaml").read_text())["train"])
+    for step in range(SHALLOW_STEPS + 1, total + 1):
+        assert logged[step] == pytest.approx(
+            learning_rate(cfg, step, 32, [SHALLOW_STEPS]), rel=1e-5)
+    translator = Translator.load(deep)
+    assert translator.model.cfg.encoder_layers == 2
+    out = translator.translate_text(["one hundred two", "", "seven"], beam=2)
+    assert len(out) == 3 and out[1] == ""
+
+
+def test_refusals(grown, xinda, one_line_error, tmp_path):
+    shallow, _, _ = grown
+    one_line_error(xinda("grow", shallow, "--to", "3", "--out", tmp_path / "x", ok=False),
+                   "1 < N <= 2")
+    with pytest.raises(XindaError, match="1 < N <= 2"):
+        grow_model_dir(shallow, 1, tmp_path / "y")
+    with pytest.raises(XindaError, match="already holds checkpoints"):
+        grow_model_dir(shallow, 2, shallow.parent / "shallow-2l")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.yaml").write_text((shallow / "config.yaml").read_text())
+    with pytest.raises(XindaError, match="no step checkpoint"):
+        grow_model_dir(empty, 2)
+    rnn = tmp_path / "rnn"
+    rnn.mkdir()
+    (rnn / "config.yaml").write_text(yaml.safe_dump({"model": {"preset": "rnn-bahdanau"}}))
+    with pytest.raises(XindaError, match="only a Transformer encoder can grow"):
+        grow_model_dir(rnn, 2)

@@ -1,0 +1,78 @@
+"""The noam_reset schedule of progressive training: noam, restarted at its peak after a growth."""
+
+import math
+
+import pytest
+
+from xinda.config import TrainConfig
+from xinda.train.schedule import learning_rate
+from xinda.train.trainer import Progress
+
+D, WARM, SCALE = 64, 100, 2.0
+PEAK = SCALE * D**-0.5 * WARM**-0.5  # noam's maximum, at step == warmup: 0.025
+
+
+def cfg(schedule: str = "noam_reset", **kw) -> TrainConfig:
+    return TrainConfig(schedule=schedule, lr=SCALE, warmup_steps=WARM, **kw)
+
+
+def lr(step: int, resets=(), **kw) -> float:
+    return learning_rate(cfg(**kw), step, D, resets)
+
+
+def test_warmup_and_peak_before_any_reset():
+    assert PEAK == pytest.approx(0.025)
+    assert lr(1) == pytest.approx(SCALE * D**-0.5 * WARM**-1.5)  # 2.5e-4
+    assert lr(50) == pytest.approx(50 * SCALE * D**-0.5 * WARM**-1.5)  # half-way: 0.0125
+    assert lr(50) == pytest.approx(PEAK / 2)
+    assert lr(WARM) == pytest.approx(PEAK)
+    assert lr(400) == pytest.approx(PEAK / 2)  # inverse sqrt: 4x the warm-up, half the peak
+
+
+def test_without_resets_it_is_noam():
+    for step in (1, 7, 99, 100, 101, 1000, 12345):
+        assert lr(step) == learning_rate(cfg("noam"), step, D)
+        assert lr(step, resets=[]) == learning_rate(cfg("noam"), step, D, [500])
+
+
+def test_right_after_a_reset_the_lr_is_the_peak():
+    # grown after 300 updates: update 301 is the first of the deeper model
+    assert lr(300, resets=[300]) == pytest.approx(PEAK * math.sqrt(WARM / 300))  # still noam
+    assert lr(301, resets=[300]) == pytest.approx(PEAK)
+    # even during the first warm-up (grown after 10 updates)
+    assert lr(11, resets=[10]) == pytest.approx(PEAK)
+    assert lr(11, resets=[10]) > lr(10, resets=[10])
+
+
+def test_inverse_sqrt_decay_counted_from_the_reset():
+    # k updates after the reset: scale * d^-0.5 * (k + warmup)^-0.5
+    for k in (1, 10, 300, 2000):
+        assert lr(300 + 1 + k, resets=[300]) == pytest.approx(
+            SCALE * D**-0.5 * (k + WARM) ** -0.5)
+    assert lr(301 + 3 * WARM, resets=[300]) == pytest.approx(PEAK / 2)
+
+
+def test_the_latest_reset_counts():
+    resets = [200, 1000]
+    assert lr(501, resets) == pytest.approx(SCALE * D**-0.5 * (300 + WARM) ** -0.5)
+    assert lr(1001, resets) == pytest.approx(PEAK)
+    assert lr(1001 + 3 * WARM, resets) == pytest.approx(PEAK / 2)
+
+
+def test_min_lr_floor_still_applies():
+    assert lr(10**7, resets=[300], min_lr=1e-3) == 1e-3
+    assert lr(301, resets=[300], min_lr=1e-3) == pytest.approx(PEAK)
+
+
+def test_other_schedules_ignore_resets():
+    for schedule in ("inverse_sqrt", "noam", "step", "constant"):
+        c = cfg(schedule)
+        assert learning_rate(c, 5000, D, [300]) == learning_rate(c, 5000, D)
+
+
+def test_progress_records_resets_and_old_states_still_load():
+    assert Progress().lr_resets == []
+    assert Progress().lr_resets is not Progress().lr_resets
+    old_state = {"step": 60, "epoch": 6, "batch": 0, "tgt_tokens": 1000, "train_seconds": 3.0,
+                 "best": 12.5, "bad_epochs": 0}  # saved before lr_resets existed
+    assert Progress(**old_state).lr_resets == []

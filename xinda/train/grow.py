@@ -1,0 +1,108 @@
+"""``xinda grow``: turn a trained model directory into a deeper-encoder one that training
+continues from (progressive, shallow-to-deep training; the copy rule is in
+``xinda.models.transformer.grow``).
+
+The new directory is self-contained: its ``config.yaml`` (the explicit model fields with the new
+``encoder_layers``, ``train.out_dir`` = the new directory, ``train.schedule = noam_reset``), the
+manifest and sentencepiece models, the training log so far, and one checkpoint at the same
+update with the grown weights, no optimizer state (the grown model has new parameters, so
+``Trainer.resume`` starts a fresh optimizer) and the update recorded in ``lr_resets``, so that
+``xinda train NEW_DIR/config.yaml --resume`` restarts the learning rate at its peak.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from xinda.config import ExperimentConfig, XindaError, load_config, save_config
+from xinda.data.prepare import load_manifest, side_vocab
+from xinda.decode.translator import vocab_info
+from xinda.models.registry import build_model, resolve
+from xinda.models.transformer.grow import grow_encoder, grown_config
+from xinda.train import checkpoint as ckpt
+from xinda.train.curves import CsvLog
+from xinda.utils import atomic_save
+
+log = logging.getLogger("xinda")
+
+
+def default_out(model_dir: str | Path, layers: int) -> Path:
+    return Path(f"{Path(model_dir)}-{layers}l")
+
+
+def grown_experiment(cfg: ExperimentConfig, model_cfg, out: Path) -> ExperimentConfig:
+    """The experiment config of the grown model: explicit model fields, out_dir = ``out`` and
+    the noam_reset schedule. A schedule whose ``lr`` is the peak (all but noam) gets the Noam
+    scale that restarts at that same peak, lr * sqrt(d_model * warmup)."""
+    tree = cfg.model_dump(mode="json")
+    tree["model"] = model_cfg.model_dump(mode="json")
+    train = tree["train"]
+    train["out_dir"] = str(out)
+    old = train["schedule"]
+    if old != "noam_reset":
+        train["schedule"] = "noam_reset"
+        log.info("train.schedule: %s -> noam_reset (the learning rate restarts at its peak)", old)
+    if old not in ("noam", "noam_reset"):
+        scale = train["lr"] * math.sqrt(model_cfg.d_model * max(train["warmup_steps"], 1))
+        log.info("train.lr: %g -> %.6g (the Noam scale whose peak is the old peak lr %g)",
+                 train["lr"], scale, train["lr"])
+        train["lr"] = scale
+    return ExperimentConfig.model_validate(tree)
+
+
+def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = None) -> Path:
+    """Grow the newest checkpoint of ``model_dir`` to a ``layers``-layer encoder in ``out``
+    (default ``MODEL_DIR-{layers}l``); returns ``out``."""
+    from xinda.train.trainer import Progress
+
+    model_dir = Path(model_dir)
+    out = default_out(model_dir, layers) if out is None else Path(out)
+    cfg = load_config(model_dir / "config.yaml")
+    old_cfg = resolve(cfg.model)
+    if old_cfg.arch != "transformer":
+        raise XindaError(f"{model_dir}: only a Transformer encoder can grow, this model is "
+                         f"arch {old_cfg.arch!r}")
+    new_cfg = grown_config(old_cfg, layers)
+    found = ckpt.list_checkpoints(model_dir)
+    if not found:
+        raise XindaError(f"{model_dir}: no step checkpoint to grow (train it first)")
+    if out.resolve() == model_dir.resolve():
+        raise XindaError(f"--out {out}: must differ from the model directory")
+    if ckpt.list_checkpoints(out):
+        raise XindaError(f"{out}: already holds checkpoints; choose another --out")
+
+    manifest = load_manifest(model_dir)
+    vocab = vocab_info(side_vocab(model_dir, manifest, "src"),
+                       side_vocab(model_dir, manifest, "tgt"), manifest["joint_vocab"])
+    old = build_model(old_cfg, vocab)
+    ckpt.load_weights(old, found[-1])
+    new = grow_encoder(old, build_model(new_cfg, vocab))
+    state = ckpt.load_state(found[-1])
+    progress = Progress(**state["progress"])
+    progress.best, progress.bad_epochs = -math.inf, 0
+    progress.lr_resets = [*progress.lr_resets, progress.step]
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(grown_experiment(cfg, new_cfg, out), out / "config.yaml")
+    for name in (*sorted(set(manifest["spm"].values())), "manifest.json", "log.csv"):
+        if (model_dir / name).is_file():
+            atomic_save(out / name, lambda tmp, src=model_dir / name: shutil.copyfile(src, tmp))
+    if (out / "log.csv").is_file():
+        CsvLog(out / "log.csv").truncate_after(progress.step)
+    new_state = {"optimizer": None, "scaler": torch.amp.GradScaler("cpu").state_dict(),
+                 "rng": state["rng"], "progress": asdict(progress)}
+    ckpt.save_checkpoint(out, progress.step, new, new_state, cfg.train.keep_last)
+    log.info("grew the encoder %d -> %d layers at update %d (%s -> %s parameters)",
+             old_cfg.encoder_layers, layers, progress.step, f"{old.num_parameters():,}",
+             f"{new.num_parameters():,}")
+    tc = cfg.train
+    if tc.max_steps and tc.max_steps <= progress.step:
+        log.warning("train.max_steps %d is already reached: resume with --set "
+                    "train.max_steps=N (N > %d)", tc.max_steps, progress.step)
+    return out
