@@ -1,0 +1,219 @@
+"""Deep-encoder stability: the same deep Transformer trained post-norm and pre-norm, one plot.
+
+    python benchmarks/deep_stability.py [--layers 24] [--budget 300] [--lr 5e-4] [--warmup 1000]
+        [--beam 5] [--png docs/results/deep-stability.png] [--workdir runs/deep-stability]
+        [--data-bin DIR] [--threads 2] [--set section.key=value ...]
+
+Model: transformer-small's width (d_model 256, 4 heads, FFN 1024, dropout 0.1) with a
+``--layers``-layer encoder and a 3-layer decoder, once with ``norm: post`` and once with
+``norm: pre``. Both runs use the transformer-small recipe of ``multi30k.py`` (Adam
+0.9/0.98, 4096 tokens per batch, label smoothing 0.1) with the same inverse_sqrt schedule
+(peak lr ``--lr`` after ``--warmup`` updates; textbook ch. 15: at lr 5e-4 a deep post-norm
+stack fails to train while pre-norm does), the same seed, the same wall-clock budget and the
+same Multi30k en->de data, prepared once (WORKDIR/data-bin, or an already prepared ``--data-bin``
+of the same recipe, e.g. runs/ablation/en-de/data-bin). The training log (log.csv, one row
+every 20 updates) of each run is plotted into one PNG: train loss against updates and against
+training seconds. Then test2016 is decoded (beam ``--beam``; 1 = greedy) and a table is printed
+and written to WORKDIR/deep-stability.md (raw numbers in WORKDIR/deep-stability.json):
+norm, updates, first / final / min logged train loss, BLEU, and a verdict.
+
+Verdict rule: "trains" if the final logged train loss is finite and below RATIO x the first
+logged train loss (``--ratio``, default 0.8; the first row averages updates 1-20, i.e. about
+the loss of the untrained model), otherwise "diverges or stalls".
+
+Not a test: it takes about 2 x (budget + decoding, 1-3 min) plus a minute of data preparation,
+i.e. ~15 min with the defaults on a 2-core CPU. Runs whose result.json exists are reused.
+Needs ../shared/data/multi30k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from multi30k import PAIRS, ROOT, SHARED, experiment, timed
+
+from xinda.config import apply_overrides
+from xinda.evaluate.metrics import corpus_scores
+from xinda.train.curves import read_log
+from xinda.utils import read_lines
+
+PAIR = PAIRS["en-de"]
+NORMS = ("post", "pre")
+
+
+def stability_config(run_dir: Path, data_bin: Path, norm: str, args) -> dict:
+    cfg = experiment(PAIR, run_dir, args.budget, args.threads)
+    cfg["data"]["out_dir"] = str(data_bin)
+    cfg["model"] = {"preset": "transformer-small", "encoder_layers": args.layers,
+                    "decoder_layers": 3, "norm": norm}
+    cfg["train"].update(lr=args.lr, warmup_steps=args.warmup, schedule="inverse_sqrt",
+                        log_every=args.log_every, seed=args.seed)
+    apply_overrides(cfg, args.overrides)
+    return cfg
+
+
+def verdict(first: float, final: float, ratio: float) -> str:
+    ok = math.isfinite(final) and math.isfinite(first) and final < ratio * first
+    return "trains" if ok else "diverges or stalls"
+
+
+def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
+    run_dir = work / f"{norm}-norm"
+    result_path = run_dir / "result.json"
+    cfg = stability_config(run_dir, data_bin, norm, args)
+    if result_path.exists():
+        result = json.loads(result_path.read_text())
+        if result.get("config") != cfg:
+            print(f"warning: {run_dir} was run with a different config; kept (delete the "
+                  "folder to redo it)", flush=True)
+        print(f"{norm}-norm: cached", flush=True)
+        return result
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = run_dir / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    xinda = [sys.executable, "-m", "xinda.cli"]
+    shutil.rmtree(run_dir / "model", ignore_errors=True)
+    print(f"{norm}-norm: training {args.layers}+3 layers for {args.budget:g} s", flush=True)
+    timed([*xinda, "train", str(cfg_path)], run_dir / "train.log")
+    stats = json.loads((run_dir / "model" / "train_stats.json").read_text())
+    rows = [r for r in read_log(run_dir / "model" / "log.csv") if "train_loss" in r]
+
+    test = SHARED / PAIR["corpus"] / PAIR["test"]
+    hyp = run_dir / f"{PAIR['test']}.hyp"
+    timed([*xinda, "translate", str(run_dir / "model"), "-i", f"{test}.{PAIR['src']}",
+           "-o", str(hyp), "--beam", str(args.beam), "--threads", str(args.threads)],
+          run_dir / "translate.log")
+    hyps = list(read_lines(hyp))
+    refs = list(read_lines(f"{test}.{PAIR['tgt']}"))
+    bleu = corpus_scores(hyps, refs, metrics=("bleu",))[0]
+
+    losses = [r["train_loss"] for r in rows]
+    finite = [x for x in losses if math.isfinite(x)]
+    result = {
+        "norm": norm, "encoder_layers": args.layers, "decoder_layers": 3,
+        "params": stats["parameters"], "updates": stats["steps"],
+        "train_seconds": stats["train_seconds"], "tok_per_s": round(stats["tgt_tok_per_s"], 1),
+        "first_loss": losses[0] if losses else float("nan"),
+        "final_loss": losses[-1] if losses else float("nan"),
+        "min_loss": min(finite) if finite else float("nan"),
+        "bleu": round(bleu.score, 2), "bleu_signature": bleu.signature, "beam": args.beam,
+        # step, elapsed seconds, lr, train loss of every logged row, for the plot
+        "curve": [[r["step"], r.get("elapsed_s", float("nan")), r.get("lr", float("nan")),
+                   r["train_loss"]] for r in rows],
+        "config": cfg,
+    }
+    result["verdict"] = verdict(result["first_loss"], result["final_loss"], args.ratio)
+    result_path.write_text(json.dumps(result, indent=1))
+    print(f"{norm}-norm: {result['updates']} updates, final loss {result['final_loss']:.3f}, "
+          f"BLEU {result['bleu']}", flush=True)
+    return result
+
+
+def plot(results: list[dict], png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for r in results:
+        curve = r["curve"]
+        if not curve:
+            continue
+        steps, seconds, _, losses = zip(*curve)
+        label = f"{r['norm']}-norm ({r['verdict']})"
+        by_step.plot(steps, losses, label=label, lw=1.2)
+        by_time.plot(seconds, losses, label=label, lw=1.2)
+    by_step.set_xlabel("update")
+    by_time.set_xlabel("training seconds")
+    by_step.set_ylabel("train loss per token (label-smoothed)")
+    for ax in (by_step, by_time):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}" if math.isfinite(x) else str(x)
+
+
+def table(results: list[dict], args) -> str:
+    decode = "greedy" if args.beam == 1 else f"beam {args.beam}"
+    first_row = "update 1" if args.log_every == 1 else f"mean of updates 1-{args.log_every}"
+    lines = [
+        (f"### Deep encoder stability: {args.layers}+3 layers x 256, lr {args.lr:g} "
+         f"(inverse_sqrt, warmup {args.warmup}), {args.budget:g} s each, Multi30k en-de"),
+        "",
+        (f"Verdict: \"trains\" if the final logged train loss is finite and below "
+         f"{args.ratio:g} x the first logged one ({first_row}), else \"diverges or stalls\". "
+         f"BLEU: sacreBLEU on test2016, {decode}."),
+        "",
+        "| norm | params | updates | tok/s | first loss | final loss | min loss | BLEU | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r['norm']} | {r['params']:,} | {r['updates']} | {r['tok_per_s']:.0f} | "
+                     f"{_fmt(r['first_loss'])} | {_fmt(r['final_loss'])} | "
+                     f"{_fmt(r['min_loss'])} | {r['bleu']:.2f} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=24, help="encoder layers (decoder: 3)")
+    ap.add_argument("--budget", type=float, default=300.0, help="training seconds per run")
+    ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate")
+    ap.add_argument("--warmup", type=int, default=1000, help="warm-up updates")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--log-every", type=int, default=20, help="updates per log.csv row")
+    ap.add_argument("--beam", type=int, default=5, help="test decoding beam (1 = greedy)")
+    ap.add_argument("--ratio", type=float, default=0.8, help="verdict threshold, see above")
+    ap.add_argument("--png", type=Path, default=ROOT / "docs" / "results" / "deep-stability.png")
+    ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "deep-stability")
+    ap.add_argument("--data-bin", type=Path, default=None,
+                    help="prepared Multi30k en-de data to reuse (default: WORKDIR/data-bin, "
+                         "prepared if missing)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="SECTION.KEY=VALUE",
+                    help="override both runs' recipe, e.g. train.clip_norm=1.0 (YAML value)")
+    args = ap.parse_args()
+    if not (SHARED / PAIR["corpus"]).is_dir():
+        print(f"skipped: {SHARED / PAIR['corpus']} not found (set XINDA_SHARED_DATA)")
+        return
+    work = args.workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    data_bin = (args.data_bin or work / "data-bin").resolve()
+    os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    if not (data_bin / "manifest.json").exists():
+        cfg_path = work / "prepare.yaml"
+        cfg_path.write_text(yaml.safe_dump(stability_config(work, data_bin, "pre", args)))
+        print(f"preparing data -> {data_bin}", flush=True)
+        timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)], work / "prepare.log")
+
+    results = [run_norm(work, data_bin, norm, args) for norm in NORMS]
+    text = table(results, args)
+    plot(results, args.png.resolve(),
+         f"{args.layers}-layer encoder, lr {args.lr:g}, warmup {args.warmup}: post- vs pre-norm")
+    print("\n" + text + "\n")
+    (work / "deep-stability.md").write_text(text + "\n")
+    (work / "deep-stability.json").write_text(json.dumps(
+        [{k: v for k, v in r.items() if k != "config"} for r in results], indent=1))
+    print(f"wrote {work / 'deep-stability.md'}, {work / 'deep-stability.json'} and {args.png}")
+
+
+if __name__ == "__main__":
+    main()
