@@ -15,8 +15,7 @@ from torch import Tensor, nn
 
 from xinda.models.layers import Dropout
 from xinda.models.rnn.attention import SourceAttention
-from xinda.models.rnn.cells import (from_module_state, make_rnn, run_rnn, step_fused,
-                                    to_module_state)
+from xinda.models.rnn.cells import from_module_state, make_rnn, run_rnn, step_fused, to_module_state
 from xinda.models.rnn.config import RNNConfig
 from xinda.models.rnn.encoder import RNNEncoderOut
 
