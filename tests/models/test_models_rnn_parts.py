@@ -25,6 +25,7 @@ from xinda.models.rnn.cells import (
     lstm_cell,
     make_rnn,
     rnn_cell,
+    step_fused,
     unroll_reference,
 )
 
@@ -108,6 +109,22 @@ def test_unrolled_reference_equals_fused_module(kind, bidirectional):
         out, fused_state = module(x, state)
     torch.testing.assert_close(ref_out, out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ref_state, fused_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
+def test_one_step_cell_kernel_equals_the_sequence_module(kind):
+    """step_fused (torch.lstm_cell etc.) == the single-layer module run for T = 1."""
+    torch.manual_seed(2)
+    module = make_rnn(kind, 3, 4)
+    x, parts = torch.randn(2, 3), [torch.randn(2, 4) for _ in range(2 if kind == "lstm" else 1)]
+    state = tuple(p[None] for p in parts) if kind == "lstm" else parts[0][None]
+    with torch.no_grad():
+        out, new = module(x[:, None], state)
+        stepped = step_fused(module, x, parts)
+    expected = list(new) if kind == "lstm" else [new]
+    for got, want in zip(stepped, expected):
+        torch.testing.assert_close(got, want[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(stepped[0], out[:, 0], atol=1e-6, rtol=1e-6)
 
 
 # --- initialisation -------------------------------------------------------------------------
