@@ -150,11 +150,17 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if math.isfinite(x) else str(x)
 
 
+def width(args) -> int:
+    """d_model of the runs: 256 (transformer-small) unless overridden with --set model.d_model."""
+    found = [o.split("=", 1)[1] for o in args.overrides if o.startswith("model.d_model=")]
+    return int(found[-1]) if found else 256
+
+
 def table(results: list[dict], args) -> str:
     decode = "greedy" if args.beam == 1 else f"beam {args.beam}"
     first_row = "update 1" if args.log_every == 1 else f"mean of updates 1-{args.log_every}"
     lines = [
-        (f"### Deep encoder stability: {args.layers}+3 layers x 256, lr {args.lr:g} "
+        (f"### Deep encoder stability: {args.layers}+3 layers x {width(args)}, lr {args.lr:g} "
          f"(inverse_sqrt, warmup {args.warmup}), {args.budget:g} s each, Multi30k en-de"),
         "",
         (f"Verdict: \"trains\" if the final logged train loss is finite and below "
