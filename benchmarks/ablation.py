@@ -41,7 +41,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import PAIRS, ROOT, SHARED, experiment, timed
+from multi30k import PAIRS, ROOT, SHARED, cached_result, experiment, timed, write_run_config
 
 from xinda.config import apply_overrides
 from xinda.evaluate.metrics import bleu_by_length, corpus_scores
@@ -94,16 +94,10 @@ def run_one(pair_name: str, pair_dir: Path, system: str, seed: int, budget: floa
     result_path = run_dir / "result.json"
     cfg = run_config(pair_name, pair_dir, run_dir, SYSTEMS[system], seed, budget, threads,
                      overrides)
-    if result_path.exists():
-        result = json.loads(result_path.read_text())
-        if result.get("config") != cfg:
-            print(f"[{pair_name}] warning: {run_dir} was run with a different config; "
-                  "kept (delete the folder to redo it)", flush=True)
+    if (result := cached_result(result_path, cfg, f"[{pair_name}]")) is not None:
         print(f"[{pair_name}] {system} seed {seed}: cached, BLEU {result['bleu']}", flush=True)
         return result
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = run_dir / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
+    cfg_path = write_run_config(run_dir, cfg)
     xinda = [sys.executable, "-m", "xinda.cli"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)  # a half-finished earlier attempt
     print(f"[{pair_name}] {system} seed {seed}: training {budget:g} s", flush=True)

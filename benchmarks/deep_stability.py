@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import PAIRS, ROOT, SHARED, experiment, timed
+from multi30k import PAIRS, ROOT, SHARED, cached_result, experiment, timed, write_run_config
 
 from xinda.config import apply_overrides
 from xinda.evaluate.metrics import corpus_scores
@@ -70,16 +70,10 @@ def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
     run_dir = work / f"{norm}-norm"
     result_path = run_dir / "result.json"
     cfg = stability_config(run_dir, data_bin, norm, args)
-    if result_path.exists():
-        result = json.loads(result_path.read_text())
-        if result.get("config") != cfg:
-            print(f"warning: {run_dir} was run with a different config; kept (delete the "
-                  "folder to redo it)", flush=True)
+    if (result := cached_result(result_path, cfg, f"{norm}-norm:")) is not None:
         print(f"{norm}-norm: cached", flush=True)
         return result
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = run_dir / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
+    cfg_path = write_run_config(run_dir, cfg)
     xinda = [sys.executable, "-m", "xinda.cli"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)
     print(f"{norm}-norm: training {args.layers}+3 layers for {args.budget:g} s", flush=True)

@@ -54,6 +54,25 @@ def experiment(pair: dict, workdir: Path, budget: float, threads: int) -> dict:
     }
 
 
+def cached_result(result_path: Path, cfg: dict, label: str) -> dict | None:
+    """A finished run's result.json (warning when its config differs), or None to run it."""
+    if not result_path.exists():
+        return None
+    result = json.loads(result_path.read_text())
+    if result.get("config") != cfg:
+        print(f"{label} warning: {result_path.parent} was run with a different config; kept "
+              "(delete the folder to redo it)", flush=True)
+    return result
+
+
+def write_run_config(run_dir: Path, cfg: dict) -> Path:
+    """Create ``run_dir`` and write ``cfg`` to its config.yaml; returns that path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = run_dir / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    return cfg_path
+
+
 def timed(cmd: list[str], log_path: Path) -> dict:
     """Run cmd under /usr/bin/time -v; return wall seconds and peak RSS (MB)."""
     time_file = log_path.with_suffix(".time")
