@@ -45,6 +45,7 @@ from multi30k import PAIRS, ROOT, SHARED, cached_result, experiment, timed, writ
 
 from xinda.config import apply_overrides
 from xinda.evaluate.metrics import bleu_by_length, corpus_scores
+from xinda.train.curves import read_log
 from xinda.utils import read_lines
 
 SMALL = {"preset": "transformer-small"}
@@ -87,6 +88,13 @@ def prepare_pair(pair_name: str, pair_dir: Path, budget: float, threads: int,
     timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)], pair_dir / "prepare.log")
 
 
+def train_curve(run_dir: Path) -> list[list[float]]:
+    """[update, label-smoothed train loss] of every row of the run's log.csv."""
+    log = run_dir / "model" / "log.csv"
+    rows = read_log(log) if log.exists() else []
+    return [[int(r["step"]), r["train_loss"]] for r in rows if "train_loss" in r]
+
+
 def run_one(pair_name: str, pair_dir: Path, system: str, seed: int, budget: float, threads: int,
             overrides: list[str]) -> dict:
     """Train + decode + score one (system, seed); cached in its result.json."""
@@ -96,7 +104,7 @@ def run_one(pair_name: str, pair_dir: Path, system: str, seed: int, budget: floa
                      overrides)
     if (result := cached_result(result_path, cfg, f"[{pair_name}]")) is not None:
         print(f"[{pair_name}] {system} seed {seed}: cached, BLEU {result['bleu']}", flush=True)
-        return result
+        return {**result, "train_curve": result.get("train_curve") or train_curve(run_dir)}
     cfg_path = write_run_config(run_dir, cfg)
     xinda = [sys.executable, "-m", "xinda.cli"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)  # a half-finished earlier attempt
@@ -130,6 +138,7 @@ def run_one(pair_name: str, pair_dir: Path, system: str, seed: int, budget: floa
         "length_unit": UNIT[pair_name],
         "decode_sents_per_s": float(speed.group(1)) if speed else None,
         "decode_process_wall_s": round(dec["wall_s"], 1),
+        "train_curve": train_curve(run_dir),
         "config": cfg,
     }
     result_path.write_text(json.dumps(result, indent=1))
@@ -142,7 +151,15 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def common_update(runs: list[dict]) -> int | None:
+    """The latest logged update that every run reached: losses there compare per update."""
+    reached = [{step for step, _ in r["train_curve"]} for r in runs]
+    shared = set.intersection(*reached) if reached else set()
+    return max(shared) if shared else None
+
+
 def summarise(runs: list[dict], systems: list[str]) -> list[dict]:
+    at = common_update(runs)
     rows = []
     for system in systems:
         mine = [r for r in runs if r["system"] == system]
@@ -162,6 +179,9 @@ def summarise(runs: list[dict], systems: list[str]) -> list[dict]:
             "updates_mean": round(statistics.fmean(r["updates"] for r in mine)),
             "tok_per_s_mean": round(statistics.fmean(r["tok_per_s"] for r in mine)),
             "bleu_by_length": {k: round(statistics.fmean(v), 2) for k, v in buckets.items()},
+            "loss_at_update": at,
+            "loss_at": (round(statistics.fmean(dict(r["train_curve"])[at] for r in mine), 3)
+                        if at else None),
             "bucket_sentences": sentences,
         })
     return rows
@@ -171,27 +191,33 @@ def _bucket_key(label: str) -> int:
     return int(re.match(r"\d+", label).group())
 
 
+def _loss(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
 def markdown(pair_name: str, rows: list[dict], budget: float) -> str:
     pair = PAIRS[pair_name]
     buckets = sorted({b for r in rows for b in r["bleu_by_length"]}, key=_bucket_key)
     sentences = {b: n for r in rows for b, n in r["bucket_sentences"].items()}
     unit = "whitespace words" if UNIT[pair_name] == "words" else "characters"
     seeds = sorted({s for r in rows for s in r["seeds"]})
+    at = rows[0]["loss_at_update"] if rows else None
     lines = [
         (f"### {pair_name} ({pair['corpus']} {pair['test']}), {budget:g} s per run, "
          f"seeds {','.join(map(str, seeds))}; BLEU by source length in {unit} of the raw "
-         f"{pair['src']} source"),
+         f"{pair['src']} source; train loss (label-smoothed, mean over seeds) at the latest "
+         "logged update that every run reached, to compare learning per update"),
         "",
-        "| system | params | seeds | BLEU (mean ± std) | updates | tok/s | "
+        f"| system | params | seeds | BLEU (mean ± std) | updates | tok/s | loss @ {at} upd. | "
         + " | ".join(f"BLEU {b} ({sentences[b]} sent.)" for b in buckets) + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(buckets),
+        "|---|---|---|---|---|---|---|" + "---|" * len(buckets),
     ]
     for r in rows:
         by_len = " | ".join(f"{r['bleu_by_length'][b]:.2f}" if b in r["bleu_by_length"] else "–"
                             for b in buckets)
         lines.append(f"| {r['system']} | {r['params']:,} | {len(r['seeds'])} | "
                      f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f} | {r['updates_mean']} | "
-                     f"{r['tok_per_s_mean']} | {by_len} |")
+                     f"{r['tok_per_s_mean']} | {_loss(r['loss_at'])} | {by_len} |")
     return "\n".join(lines)
 
 
@@ -231,8 +257,9 @@ def main() -> None:
             continue
         pair_dir = work / pair_name
         prepare_pair(pair_name, pair_dir, args.budget, args.threads, args.overrides)
+        # Seed-major order: a slow spell of a noisy machine hits every system alike.
         runs = [run_one(pair_name, pair_dir, system, seed, args.budget, args.threads,
-                        args.overrides) for system in systems for seed in seeds]
+                        args.overrides) for seed in seeds for system in systems]
         rows = summarise(runs, systems)
         report["pairs"][pair_name] = {"summary": rows,
                                       "runs": [{k: v for k, v in r.items() if k != "config"}

@@ -2,7 +2,7 @@
 
     python benchmarks/deep_stability.py [--layers 24] [--budget 300] [--lr 5e-4] [--warmup 1000]
         [--beam 5] [--png docs/results/deep-stability.png] [--workdir runs/deep-stability]
-        [--data-bin DIR] [--threads 2] [--set section.key=value ...]
+        [--data-bin DIR] [--threads 2] [--parallel] [--set section.key=value ...]
 
 Model: transformer-small's width (d_model 256, 4 heads, FFN 1024, dropout 0.1) with a
 ``--layers``-layer encoder and a 3-layer decoder, once with ``norm: post`` and once with
@@ -17,12 +17,18 @@ training seconds. Then test2016 is decoded (beam ``--beam``; 1 = greedy) and a t
 and written to WORKDIR/deep-stability.md (raw numbers in WORKDIR/deep-stability.json):
 norm, updates, first / final / min logged train loss, BLEU, and a verdict.
 
-Verdict rule: "trains" if the final logged train loss is finite and below RATIO x the first
-logged train loss (``--ratio``, default 0.8; the first row averages updates 1-20, i.e. about
-the loss of the untrained model), otherwise "diverges or stalls".
+Verdict rule: "trains" if the final logged train loss is below the *unigram floor*, the
+label-smoothed loss of the best context-free model (one that predicts every target token from
+the training data's token frequencies, end-of-sentence included); "stalls" if it is finite but
+not below it (the model has learnt no more than word frequencies); "diverges" if it is not
+finite. The floor is drawn into the plot.
+
+``--parallel`` trains and decodes both runs at the same time with half the threads each (one
+core each on a 2-core CPU): both still get the same compute, and the benchmark takes half the
+wall time.
 
 Not a test: it takes about 2 x (budget + decoding, 1-3 min) plus a minute of data preparation,
-i.e. ~15 min with the defaults on a 2-core CPU. Runs whose result.json exists are reused.
+i.e. ~15 min with the defaults on a 2-core CPU (half with ``--parallel``). Runs whose result.json exists are reused.
 Needs ../shared/data/multi30k.
 """
 
@@ -34,8 +40,10 @@ import math
 import os
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,7 +59,7 @@ NORMS = ("post", "pre")
 
 
 def stability_config(run_dir: Path, data_bin: Path, norm: str, args) -> dict:
-    cfg = experiment(PAIR, run_dir, args.budget, args.threads)
+    cfg = experiment(PAIR, run_dir, args.budget, args.run_threads)
     cfg["data"]["out_dir"] = str(data_bin)
     cfg["model"] = {"preset": "transformer-small", "encoder_layers": args.layers,
                     "decoder_layers": 3, "norm": norm}
@@ -61,9 +69,25 @@ def stability_config(run_dir: Path, data_bin: Path, norm: str, args) -> dict:
     return cfg
 
 
-def verdict(first: float, final: float, ratio: float) -> str:
-    ok = math.isfinite(final) and math.isfinite(first) and final < ratio * first
-    return "trains" if ok else "diverges or stalls"
+def unigram_floor(data_bin: Path, epsilon: float) -> float:
+    """Label-smoothed loss per token (nats) of the best context-free predictor of the targets.
+
+    For a predictor q that ignores the context, the expected smoothed loss is the cross-entropy
+    of t = (1 - eps) * p + eps / V with q (p: token frequencies); it is least, H(t), at q = t.
+    """
+    ids = np.load(data_bin / "train.tgt.ids.npy")
+    sentences = len(np.load(data_bin / "train.tgt.offsets.npy")) - 1
+    counts = np.bincount(ids).astype(np.float64)
+    counts = np.append(counts, sentences)  # one end-of-sentence per target sentence
+    vocab = len(counts)
+    target = (1 - epsilon) * counts / counts.sum() + epsilon / vocab
+    return float(-(target * np.log(target)).sum())
+
+
+def verdict(final: float, floor: float) -> str:
+    if not math.isfinite(final):
+        return "diverges"
+    return "trains" if final < floor else "stalls"
 
 
 def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
@@ -84,7 +108,7 @@ def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
     test = SHARED / PAIR["corpus"] / PAIR["test"]
     hyp = run_dir / f"{PAIR['test']}.hyp"
     timed([*xinda, "translate", str(run_dir / "model"), "-i", f"{test}.{PAIR['src']}",
-           "-o", str(hyp), "--beam", str(args.beam), "--threads", str(args.threads)],
+           "-o", str(hyp), "--beam", str(args.beam), "--threads", str(args.run_threads)],
           run_dir / "translate.log")
     hyps = list(read_lines(hyp))
     refs = list(read_lines(f"{test}.{PAIR['tgt']}"))
@@ -105,14 +129,13 @@ def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
                    r["train_loss"]] for r in rows],
         "config": cfg,
     }
-    result["verdict"] = verdict(result["first_loss"], result["final_loss"], args.ratio)
     result_path.write_text(json.dumps(result, indent=1))
     print(f"{norm}-norm: {result['updates']} updates, final loss {result['final_loss']:.3f}, "
           f"BLEU {result['bleu']}", flush=True)
     return result
 
 
-def plot(results: list[dict], png: Path, title: str) -> None:
+def plot(results: list[dict], png: Path, title: str, floor: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,6 +154,7 @@ def plot(results: list[dict], png: Path, title: str) -> None:
     by_time.set_xlabel("training seconds")
     by_step.set_ylabel("train loss per token (label-smoothed)")
     for ax in (by_step, by_time):
+        ax.axhline(floor, color="grey", ls="--", lw=1, label=f"unigram floor {floor:.2f}")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
@@ -144,21 +168,31 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if math.isfinite(x) else str(x)
 
 
-def width(args) -> int:
-    """d_model of the runs: 256 (transformer-small) unless overridden with --set model.d_model."""
-    found = [o.split("=", 1)[1] for o in args.overrides if o.startswith("model.d_model=")]
-    return int(found[-1]) if found else 256
+def overridden(args, key: str, default: int) -> int:
+    """The run's ``key`` (e.g. model.d_model): the last ``--set key=...``, else ``default``."""
+    found = [o.split("=", 1)[1] for o in args.overrides if o.startswith(f"{key}=")]
+    return int(found[-1]) if found else default
 
 
-def table(results: list[dict], args) -> str:
+def schedule(args) -> str:
+    if args.warmup == 0:
+        return "constant, no warm-up"
+    return f"inverse_sqrt, warmup {args.warmup}"
+
+
+def table(results: list[dict], args, floor: float) -> str:
     decode = "greedy" if args.beam == 1 else f"beam {args.beam}"
+    together = f" (both at once, {args.run_threads} threads each)" if args.parallel else ""
     first_row = "update 1" if args.log_every == 1 else f"mean of updates 1-{args.log_every}"
     lines = [
-        (f"### Deep encoder stability: {args.layers}+3 layers x {width(args)}, lr {args.lr:g} "
-         f"(inverse_sqrt, warmup {args.warmup}), {args.budget:g} s each, Multi30k en-de"),
+        (f"### Deep encoder stability: {args.layers}+3 layers x "
+         f"{overridden(args, 'model.d_model', 256)}, lr {args.lr:g} ({schedule(args)}), "
+         f"{overridden(args, 'train.max_tokens', 4096)} tokens per batch, {args.budget:g} s "
+         f"each{together}, Multi30k en-de"),
         "",
-        (f"Verdict: \"trains\" if the final logged train loss is finite and below "
-         f"{args.ratio:g} x the first logged one ({first_row}), else \"diverges or stalls\". "
+        (f"Verdict: \"trains\" if the final logged train loss is below the "
+         f"unigram floor {floor:.3f} (the smoothed loss of predicting token frequencies), "
+         f"\"stalls\" if not, \"diverges\" if not finite; first loss: {first_row}. "
          f"BLEU: sacreBLEU on test2016, {decode}."),
         "",
         "| norm | params | updates | tok/s | first loss | final loss | min loss | BLEU | verdict |",
@@ -180,34 +214,46 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=20, help="updates per log.csv row")
     ap.add_argument("--beam", type=int, default=5, help="test decoding beam (1 = greedy)")
-    ap.add_argument("--ratio", type=float, default=0.8, help="verdict threshold, see above")
     ap.add_argument("--png", type=Path, default=ROOT / "docs" / "results" / "deep-stability.png")
     ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "deep-stability")
     ap.add_argument("--data-bin", type=Path, default=None,
                     help="prepared Multi30k en-de data to reuse (default: WORKDIR/data-bin, "
                          "prepared if missing)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parallel", action="store_true",
+                    help="run post- and pre-norm at once, threads/2 each")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     metavar="SECTION.KEY=VALUE",
                     help="override both runs' recipe, e.g. train.clip_norm=1.0 (YAML value)")
     args = ap.parse_args()
+    args.run_threads = max(1, args.threads // 2) if args.parallel else args.threads
     if not (SHARED / PAIR["corpus"]).is_dir():
         print(f"skipped: {SHARED / PAIR['corpus']} not found (set XINDA_SHARED_DATA)")
         return
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     data_bin = (args.data_bin or work / "data-bin").resolve()
-    os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    os.environ.update(OMP_NUM_THREADS=str(args.run_threads),
+                      MKL_NUM_THREADS=str(args.run_threads))
     if not (data_bin / "manifest.json").exists():
         cfg_path = work / "prepare.yaml"
         cfg_path.write_text(yaml.safe_dump(stability_config(work, data_bin, "pre", args)))
         print(f"preparing data -> {data_bin}", flush=True)
         timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)], work / "prepare.log")
 
-    results = [run_norm(work, data_bin, norm, args) for norm in NORMS]
-    text = table(results, args)
+    if args.parallel:  # the runs are subprocesses: threads here only wait for them
+        with ThreadPoolExecutor(len(NORMS)) as pool:
+            results = list(pool.map(lambda norm: run_norm(work, data_bin, norm, args), NORMS))
+    else:
+        results = [run_norm(work, data_bin, norm, args) for norm in NORMS]
+    floor = unigram_floor(data_bin, results[0]["config"]["train"].get("label_smoothing", 0.1))
+    for r in results:
+        r["unigram_floor"] = round(floor, 4)
+        r["verdict"] = verdict(r["final_loss"], floor)
+    text = table(results, args, floor)
     plot(results, args.png.resolve(),
-         f"{args.layers}-layer encoder, lr {args.lr:g}, warmup {args.warmup}: post- vs pre-norm")
+         f"{args.layers}-layer encoder, lr {args.lr:g} ({schedule(args)}): post- vs pre-norm",
+         floor)
     print("\n" + text + "\n")
     (work / "deep-stability.md").write_text(text + "\n")
     (work / "deep-stability.json").write_text(json.dumps(

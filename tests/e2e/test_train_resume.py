@@ -120,3 +120,14 @@ def test_kill_and_resume_equals_uninterrupted(resume_config, xinda, xinda_popen,
     proc = xinda("train", configs["A"], ok=False)
     one_line_error(proc, str(a_dir), "--resume")
     assert sorted(p.name for p in (a_dir / "checkpoints").iterdir()) == before
+
+
+def test_resuming_a_finished_run_trains_no_further(resume_config, xinda):
+    """A run that already reached max_steps, resumed, stops at once: no update beyond it."""
+    root, configs = resume_config
+    a_dir = root / "A"
+    if not (a_dir / "train_stats.json").exists():
+        xinda("train", configs["A"])
+    proc = xinda("train", configs["A"], "--resume")
+    assert f"trained {STEPS} updates" in proc.stdout
+    assert step_of(list_checkpoints(a_dir)[-1]) == STEPS

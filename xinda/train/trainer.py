@@ -139,6 +139,9 @@ class Trainer:
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)
         window = [0.0, 0, 0.0]  # loss sum, tokens, seconds since the last log row
         for start in range(p.batch, len(batches), tc.update_freq):
+            if tc.max_steps and p.step >= tc.max_steps:  # resumed from a finished run
+                bar.close()
+                return True
             t0 = time.perf_counter()
             self._clock = self._clock or t0
             loss, nll, ntok = self.update(batches[start:start + tc.update_freq])

@@ -1,0 +1,65 @@
+"""The pure helpers of the benchmark scripts: stability verdicts and ablation summaries."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import ablation
+import deep_stability
+
+
+def write_targets(data_bin: Path, sentences: list[list[int]]) -> None:
+    ids = np.array([t for s in sentences for t in s], dtype=np.int32)
+    offsets = np.cumsum([0] + [len(s) for s in sentences])
+    np.save(data_bin / "train.tgt.ids.npy", ids)
+    np.save(data_bin / "train.tgt.offsets.npy", offsets)
+
+
+def test_unigram_floor_is_the_entropy_of_token_frequencies(tmp_path):
+    # tokens 0,0,1 and one end-of-sentence: frequencies 1/2, 1/4, 1/4
+    write_targets(tmp_path, [[0, 0, 1]])
+    expected = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert deep_stability.unigram_floor(tmp_path, 0.0) == pytest.approx(expected)
+
+
+def test_unigram_floor_with_label_smoothing_mixes_in_the_uniform(tmp_path):
+    write_targets(tmp_path, [[0, 0], [1]])  # 0,0,1 + two ends: 2/5, 1/5, 2/5
+    eps, p = 0.1, np.array([0.4, 0.2, 0.4])
+    t = (1 - eps) * p + eps / 3
+    assert deep_stability.unigram_floor(tmp_path, eps) == pytest.approx(-(t * np.log(t)).sum())
+    assert deep_stability.unigram_floor(tmp_path, eps) > deep_stability.unigram_floor(tmp_path, 0)
+
+
+@pytest.mark.parametrize("final, verdict", [(4.0, "trains"), (6.0, "stalls"), (5.0, "stalls"),
+                                            (math.nan, "diverges"), (math.inf, "diverges")])
+def test_stability_verdict(final, verdict):
+    assert deep_stability.verdict(final, floor=5.0) == verdict
+
+
+def run(system: str, seed: int, bleu: float, curve: list[list[float]]) -> dict:
+    return {"system": system, "seed": seed, "params": 10, "bleu": bleu, "updates": curve[-1][0],
+            "tok_per_s": 100.0, "train_curve": curve,
+            "bleu_by_length": [{"bucket": "1-10", "sentences": 3, "bleu": bleu}]}
+
+
+def test_ablation_compares_losses_at_the_latest_update_every_run_reached():
+    runs = [run("a", 1, 20.0, [[100, 6.0], [200, 5.0], [300, 4.0]]),
+            run("a", 2, 22.0, [[100, 6.2], [200, 5.2]]),
+            run("b", 1, 30.0, [[100, 5.0], [200, 4.0], [300, 3.0], [400, 2.0]])]
+    assert ablation.common_update(runs) == 200
+    rows = {r["system"]: r for r in ablation.summarise(runs, ["a", "b"])}
+    assert rows["a"]["loss_at_update"] == rows["b"]["loss_at_update"] == 200
+    assert rows["a"]["loss_at"] == pytest.approx(5.1)
+    assert rows["b"]["loss_at"] == pytest.approx(4.0)
+    assert (rows["a"]["bleu_mean"], rows["a"]["bleu_std"]) == (21.0, 1.41)  # rounded to 0.01
+    assert rows["b"]["bleu_std"] == 0.0  # one seed
+
+
+def test_ablation_without_logged_losses_has_no_common_update():
+    assert ablation.common_update([run("a", 1, 1.0, [[0, 1.0]]) | {"train_curve": []}]) is None
