@@ -8,8 +8,9 @@ Model: transformer-small's width (d_model 256, 4 heads, FFN 1024, dropout 0.1) w
 ``--layers``-layer encoder and a 3-layer decoder, once with ``norm: post`` and once with
 ``norm: pre``. Both runs use the transformer-small recipe of ``multi30k.py`` (Adam
 0.9/0.98, 4096 tokens per batch, label smoothing 0.1) with the same inverse_sqrt schedule
-(peak lr ``--lr`` after ``--warmup`` updates; textbook ch. 15: at lr 5e-4 a deep post-norm
-stack fails to train while pre-norm does), the same seed, the same wall-clock budget and the
+(peak lr ``--lr`` after ``--warmup`` updates, constant lr when ``--warmup 0``; textbook
+ch. 15 expects a deep post-norm stack to fail where pre-norm trains, docs/benchmarks.md has what
+we measured), the same seed, the same wall-clock budget and the
 same Multi30k en->de data, prepared once (WORKDIR/data-bin, or an already prepared ``--data-bin``
 of the same recipe, e.g. runs/ablation/en-de/data-bin). The training log (log.csv, one row
 every 20 updates) of each run is plotted into one PNG: train loss against updates and against
@@ -182,7 +183,8 @@ def schedule(args) -> str:
 
 def table(results: list[dict], args, floor: float) -> str:
     decode = "greedy" if args.beam == 1 else f"beam {args.beam}"
-    together = f" (both at once, {args.run_threads} threads each)" if args.parallel else ""
+    threads = f"{args.run_threads} thread{'s' if args.run_threads > 1 else ''}"
+    together = f" (both at once, {threads} each)" if args.parallel else ""
     first_row = "update 1" if args.log_every == 1 else f"mean of updates 1-{args.log_every}"
     lines = [
         (f"### Deep encoder stability: {args.layers}+3 layers x "
