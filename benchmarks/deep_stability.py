@@ -29,8 +29,8 @@ core each on a 2-core CPU): both still get the same compute, and the benchmark t
 wall time.
 
 Not a test: it takes about 2 x (budget + decoding, 1-3 min) plus a minute of data preparation,
-i.e. ~15 min with the defaults on a 2-core CPU (half with ``--parallel``). Runs whose result.json exists are reused.
-Needs ../shared/data/multi30k.
+i.e. ~15 min with the defaults on a 2-core CPU (half with ``--parallel``). Runs whose
+result.json exists are reused. Needs ../shared/data/multi30k.
 """
 
 from __future__ import annotations
@@ -169,12 +169,6 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if math.isfinite(x) else str(x)
 
 
-def overridden(args, key: str, default: int) -> int:
-    """The run's ``key`` (e.g. model.d_model): the last ``--set key=...``, else ``default``."""
-    found = [o.split("=", 1)[1] for o in args.overrides if o.startswith(f"{key}=")]
-    return int(found[-1]) if found else default
-
-
 def schedule(args) -> str:
     if args.warmup == 0:
         return "constant, no warm-up"
@@ -185,11 +179,12 @@ def table(results: list[dict], args, floor: float) -> str:
     decode = "greedy" if args.beam == 1 else f"beam {args.beam}"
     threads = f"{args.run_threads} thread{'s' if args.run_threads > 1 else ''}"
     together = f" (both at once, {threads} each)" if args.parallel else ""
+    cfg = results[0]["config"]  # the recipe both runs share, overrides applied
     first_row = "update 1" if args.log_every == 1 else f"mean of updates 1-{args.log_every}"
     lines = [
         (f"### Deep encoder stability: {args.layers}+3 layers x "
-         f"{overridden(args, 'model.d_model', 256)}, lr {args.lr:g} ({schedule(args)}), "
-         f"{overridden(args, 'train.max_tokens', 4096)} tokens per batch, {args.budget:g} s "
+         f"{cfg['model'].get('d_model', 256)}, lr {args.lr:g} ({schedule(args)}), "
+         f"{cfg['train']['max_tokens']} tokens per batch, {args.budget:g} s "
          f"each{together}, Multi30k en-de"),
         "",
         (f"Verdict: \"trains\" if the final logged train loss is below the "
@@ -248,7 +243,7 @@ def main() -> None:
             results = list(pool.map(lambda norm: run_norm(work, data_bin, norm, args), NORMS))
     else:
         results = [run_norm(work, data_bin, norm, args) for norm in NORMS]
-    floor = unigram_floor(data_bin, results[0]["config"]["train"].get("label_smoothing", 0.1))
+    floor = unigram_floor(data_bin, results[0]["config"]["train"]["label_smoothing"])
     for r in results:
         r["unigram_floor"] = round(floor, 4)
         r["verdict"] = verdict(r["final_loss"], floor)

@@ -115,7 +115,7 @@ class Trainer:
         log.info("model %s: %s parameters, %s, %s", self.model_cfg.arch,
                  f"{self.model.num_parameters():,}", self.device, self.precision)
         self._clock = None
-        stop = False
+        stop = self.steps_done()  # resumed from a run that had already finished
         while p.epoch <= tc.max_epochs and not stop:
             batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
                                    tc.max_tokens, tc.seed, p.epoch)
@@ -139,9 +139,6 @@ class Trainer:
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)
         window = [0.0, 0, 0.0]  # loss sum, tokens, seconds since the last log row
         for start in range(p.batch, len(batches), tc.update_freq):
-            if tc.max_steps and p.step >= tc.max_steps:  # resumed from a finished run
-                bar.close()
-                return True
             t0 = time.perf_counter()
             self._clock = self._clock or t0
             loss, nll, ntok = self.update(batches[start:start + tc.update_freq])
@@ -166,10 +163,14 @@ class Trainer:
         bar.close()
         return False
 
+    def steps_done(self) -> bool:
+        max_steps = self.cfg.train.max_steps
+        return bool(max_steps and self.progress.step >= max_steps)
+
     def limit_reached(self) -> bool:
-        tc, p = self.cfg.train, self.progress
+        tc = self.cfg.train
         over_time = tc.max_seconds and time.perf_counter() - self._clock >= tc.max_seconds
-        return bool((tc.max_steps and p.step >= tc.max_steps) or over_time)
+        return self.steps_done() or bool(over_time)
 
     def update(self, group: list) -> tuple[float, float, int]:
         """One optimiser update over ``group`` (gradient accumulation): returns summed loss,
