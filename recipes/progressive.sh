@@ -39,8 +39,7 @@ esac
 
 if [ "$CONFIG" = recipes/demo-numbers.yaml ] && [ ! -f "$(get raw)" ]; then
   echo "== generating the demo corpus into xinda-demo/raw"
-  "$PY" -c 'from xinda.demo.numbers import write_demo_corpus as w
-w("xinda-demo/raw", n_train=20000, n_valid=300, n_test=300, seed=1)'
+  "$PY" -c 'from xinda.demo.numbers import write_demo_corpus; write_demo_corpus("xinda-demo/raw")'
 fi
 [ -f "$(get data)/manifest.json" ] || xinda prepare "$CONFIG"
 

@@ -14,7 +14,8 @@ from typing import Annotated
 
 import typer
 
-from xinda.config import XindaError, load_config
+from xinda.config import load_config
+from xinda.errors import XindaError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="xinda (信达): neural machine translation, faithful and fluent.")
@@ -38,10 +39,11 @@ def train(config: Path, set_: SetOpt = None,
           resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint")] = False,
           ) -> None:
     """Train the model of CONFIG on its prepared data (run `xinda prepare` first)."""
+    from xinda.evaluate.validation import validation_bleu
     from xinda.train.trainer import Trainer
 
     cfg = load_config(config, set_ or [])
-    progress = Trainer(cfg).train(resume=resume)
+    progress = Trainer(cfg, valid_bleu=validation_bleu(cfg)).train(resume=resume)
     print(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
           f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
 
@@ -73,7 +75,8 @@ def translate(
     alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
     coverage: Annotated[float | None, typer.Option(help="GNMT coverage penalty beta")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | auto")] = None,
-    nbest: Annotated[int, typer.Option(help="write the n best: 'i ||| text ||| score'")] = 1,
+    nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
+                     ] = None,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
     max_len_a: float | None = None, max_len_b: int | None = None,
     checkpoint: Annotated[Path | None, typer.Option(help="weights file to load")] = None,
@@ -94,18 +97,18 @@ def translate(
     lines = _read_input(input)
     translator = Translator.load(model_dir, checkpoint)
     given = {"beam": beam, "alpha": alpha, "coverage": coverage, "batch_size": batch_size,
-             "max_len_a": max_len_a, "max_len_b": max_len_b, "precision": precision}
+             "max_len_a": max_len_a, "max_len_b": max_len_b, "precision": precision,
+             "nbest": nbest}
     options = {k: v for k, v in given.items() if v is not None}
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
-                                   nbest=nbest, need_attention=attention_plot is not None,
-                                   **options)
+                                   need_attention=attention_plot is not None, **options)
     seconds = time.perf_counter() - start
     if attention_plot is not None:
         _plot_attention(results, attention_plot)
-    out = []
+    out, n_best = [], options.get("nbest", translator.cfg.decode.nbest)
     for i, nbest_list in enumerate(results):
-        if nbest > 1:
+        if n_best > 1:
             out += [f"{i} ||| {t.text} ||| {t.score:.4f}" for t in nbest_list]
         else:
             t = nbest_list[0]
@@ -157,7 +160,7 @@ def average(model_dir: Path,
             last: Annotated[int, typer.Option(help="average the newest N checkpoints")] = 5,
             output: Annotated[Path | None, typer.Option("-o")] = None) -> None:
     """Average the parameters of the last N checkpoints into MODEL_DIR/averaged.safetensors."""
-    from xinda.train.checkpoint import average_checkpoints, list_checkpoints
+    from xinda.checkpoint import average_checkpoints, list_checkpoints
 
     paths = list_checkpoints(model_dir)[-last:]
     out = output or model_dir / "averaged.safetensors"
@@ -182,7 +185,7 @@ def grow(model_dir: Path,
 @app.command()
 def models() -> None:
     """List registered model presets with their parameter counts (32k joint vocabulary)."""
-    from xinda.models.base import VocabInfo
+    from xinda.data.vocab import VocabInfo
     from xinda.models.registry import PRESET_NOTES, build_model, list_presets
 
     vocab = VocabInfo(32000, 32000, 0, 2, 3, True)
@@ -194,8 +197,10 @@ def models() -> None:
 
 @app.command()
 def demo(
-    workdir: Annotated[Path, typer.Option(help="where data and model go")] = Path("xinda-demo"),
-    seconds: Annotated[float, typer.Option(help="training budget in seconds")] = 120.0,
+    workdir: Annotated[Path | None, typer.Option(
+        help="where data and model go [default: the demo config's, xinda-demo]")] = None,
+    seconds: Annotated[float | None, typer.Option(
+        help="training budget in seconds [default: the demo config's]")] = None,
 ) -> None:
     """Generate a number-words -> digits task, train a small Transformer, translate and score."""
     from xinda.demo.run import run_demo

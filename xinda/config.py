@@ -14,11 +14,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Pretok = Literal["moses", "jieba", "char", "none"]
+from xinda.errors import XindaError
+from xinda.utils import atomic_write_text
 
-
-class XindaError(Exception):
-    """A user-facing error: printed as one line by the CLI, exit code 1."""
+Pretok = Literal["moses", "jieba", "char", "none"]  # pre-tokenisers (xinda.data.text)
+Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied before it
 
 
 class Strict(BaseModel):
@@ -34,7 +34,7 @@ class DataConfig(Strict):
     valid: str | None = None  # prefix of the validation split
     test: dict[str, str] = Field(default_factory=dict)  # name -> prefix, e.g. {test2016: ...}
     out_dir: str = "data-bin"  # where arrays, sentencepiece models and manifest.json go
-    normalize: Literal["NFKC", "NFC", "none"] = "NFKC"  # Unicode normalisation
+    normalize: Normalization = "NFKC"  # Unicode normalisation
     lowercase: bool = False
     pretok_src: Pretok = "none"  # pre-tokenisation before sentencepiece
     pretok_tgt: Pretok = "none"
@@ -150,6 +150,4 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    from xinda.utils import atomic_write_text
-
     atomic_write_text(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

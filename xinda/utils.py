@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from xinda.config import XindaError
+from xinda.errors import XindaError
 
 
 @contextmanager

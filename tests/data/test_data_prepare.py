@@ -7,15 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xinda.config import DataConfig, XindaError
-from xinda.data.prepare import (
-    TokenArrays,
-    load_manifest,
-    load_split,
-    prepare,
-    side_pipeline,
-    side_vocab,
-)
+from xinda.config import DataConfig
+from xinda.data.arrays import TokenArrays
+from xinda.data.manifest import load_manifest, load_split, load_vocabularies
+from xinda.data.prepare import prepare
+from xinda.errors import XindaError
 
 EN_DE = {
     "the": "der", "a": "ein", "cat": "katze", "dog": "hund", "man": "mann", "sees": "sieht",
@@ -85,7 +81,7 @@ def test_outputs_and_manifest(prepared):
     assert manifest["splits"]["test1"]["pairs"] == 20
     assert manifest["config"]["train"] == cfg.train
     assert manifest["filter_report"]["kept"] == 300
-    vocab = side_vocab(out, manifest, "src")
+    vocab = load_vocabularies(out).src
     assert (vocab.pad, vocab.unk, vocab.bos, vocab.eos) == (0, 1, 2, 3)
 
 
@@ -96,8 +92,9 @@ def test_arrays_decode_to_preprocessed_text(prepared):
     assert len(src) == len(tgt) == len(valid) and len(src.offsets) == len(valid) + 1
     assert src.lengths[len(valid) - 2] == 0  # the empty line is kept, with no tokens
     assert int(src.lengths.sum()) == manifest["splits"]["valid"]["src_tokens"]
-    for side, arrays, k in (("src", src, 0), ("tgt", tgt, 1)):
-        pipe, vocab = side_pipeline(manifest, side), side_vocab(cfg.out_dir, manifest, side)
+    vocabs = load_vocabularies(cfg.out_dir)
+    for pipe, vocab, arrays, k in ((vocabs.src_text, vocabs.src, src, 0),
+                                   (vocabs.tgt_text, vocabs.tgt, tgt, 1)):
         for i, pair in enumerate(valid):
             assert vocab.decode(arrays[i].tolist()) == pipe.preprocess(pair[k])
 
@@ -119,7 +116,7 @@ def test_separate_vocab_files(tmp_path):
     out = tmp_path / "bin"
     assert (out / "spm.src.model").is_file() and (out / "spm.tgt.model").is_file()
     assert not (out / "spm.model").exists()
-    src_vocab = side_vocab(out, manifest, "src")
+    src_vocab = load_vocabularies(out, manifest).src
     assert "▁hund" not in src_vocab.encode_pieces("hund")  # German words only in tgt model
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from xinda.config import DataConfig
-from xinda.data.prepare import load_split, prepare, side_pipeline, side_vocab
+from xinda.data.manifest import load_split, load_vocabularies
+from xinda.data.prepare import prepare
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -30,7 +31,8 @@ def test_multi30k_valid_prepares_without_losing_pairs(tmp_path):
     assert manifest["splits"]["test2016"]["pairs"] == 1000
     src, tgt = load_split(tmp_path, "test2016")
     assert len(src) == len(tgt) == 1000
-    vocab, text = side_vocab(tmp_path, manifest, "tgt"), side_pipeline(manifest, "tgt")
+    vocabs = load_vocabularies(tmp_path, manifest)
+    vocab, text = vocabs.tgt, vocabs.tgt_text
     raw = (data / "test2016.de").read_text(encoding="utf-8").splitlines()
     # ids -> pieces -> text -> Moses detokenisation gives back the raw reference
     restored = [text.postprocess(vocab.decode(tgt[i].tolist())) for i in range(50)]
@@ -43,7 +45,7 @@ def test_tatoeba_chinese_with_jieba(tmp_path):
                      out_dir=str(tmp_path), vocab_size=1500, pretok_src="jieba")
     manifest = prepare(cfg, log=lambda _: None)
     assert manifest["text"]["src"]["pretok"] == "jieba"
-    text = side_pipeline(manifest, "src")
+    text = load_vocabularies(tmp_path, manifest).src_text
     raw = (data / "valid.zh").read_text(encoding="utf-8").splitlines()[:20]
     for line in raw:
         tokens = text.preprocess(line).split()

@@ -54,9 +54,9 @@ def test_jieba_keeps_spaces_between_latin_words():
 
 
 def test_nfkc_normalisation_lowercase_and_whitespace():
-    assert TextPipeline("NFKC").preprocess("ＡＢＣ１２３") == "ABC123"
-    assert TextPipeline("NFC").preprocess("ＡＢＣ１２３") == "ＡＢＣ１２３"
-    assert TextPipeline("none", lowercase=True).preprocess("  Hello \t WORLD\u3000! ") == (
+    assert TextPipeline("NFKC", False, "none", "en").preprocess("ＡＢＣ１２３") == "ABC123"
+    assert TextPipeline("NFC", False, "none", "en").preprocess("ＡＢＣ１２３") == "ＡＢＣ１２３"
+    assert TextPipeline("none", True, "none", "en").preprocess("  Hello \t WORLD\u3000! ") == (
         "hello world !"
     )
 
@@ -78,6 +78,6 @@ def test_pickle_and_manifest_round_trip():
 
 def test_rejects_unknown_settings():
     with pytest.raises(ValueError, match="pretok"):
-        TextPipeline(pretok="spacy")
+        TextPipeline("NFKC", False, "spacy", "en")
     with pytest.raises(ValueError, match="normalize"):
-        TextPipeline(normalize="NFD")
+        TextPipeline("NFD", False, "none", "en")

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from xinda.config import DecodeConfig
+from xinda.data.vocab import VocabInfo
 from xinda.decode.search import beam_search, coverage_penalty, length_penalty
-from xinda.models.base import VocabInfo
 from xinda.models.registry import build_model
 
 
@@ -28,8 +29,7 @@ def test_beam_search_ranks_with_length_and_coverage_penalty():
                         vocab).eval()
     src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
     beta, alpha = 0.3, 0.6
-    results = beam_search(model, src, beam=3, alpha=alpha, nbest=3, coverage=beta,
-                          max_len_b=6)
+    results = beam_search(model, src, DecodeConfig(beam=3, alpha=alpha, nbest=3, coverage=beta, max_len_b=6))
     for row, hyps in enumerate(results):
         keep = src[row].ne(0)
         for h in hyps:

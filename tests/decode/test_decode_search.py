@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
+from xinda.config import DecodeConfig
+from xinda.data.vocab import VocabInfo
 from xinda.decode.search import beam_search, greedy_search, length_penalty, max_lengths
-from xinda.models.base import VocabInfo
 from xinda.models.registry import build_model
 
 PAD, BOS, EOS, V = 0, 2, 3, 30
@@ -108,8 +109,8 @@ def test_max_lengths_is_a_times_len_plus_b_capped():
 def test_beam_of_one_equals_greedy(seed):
     model = tiny_model(seed)
     src = src_batch(LENGTHS, seed)
-    greedy = greedy_search(model, src, alpha=0.6)
-    beam = beam_search(model, src, beam=1, alpha=0.6)
+    greedy = greedy_search(model, src, DecodeConfig(alpha=0.6))
+    beam = beam_search(model, src, DecodeConfig(beam=1, alpha=0.6))
     assert len(greedy) == len(beam) == len(LENGTHS)
     assert any(len(h.tokens) > 0 for h in greedy)
     for g, b in zip(greedy, beam):
@@ -124,7 +125,7 @@ def test_batched_beam_search_matches_unbatched_reference(seed):
     model = tiny_model(seed)
     src = src_batch(LENGTHS, seed)
     for k, alpha in ((3, 0.0), (4, 1.0)):
-        got = beam_search(model, src, beam=k, alpha=alpha, nbest=k, max_len_a=1.0, max_len_b=5)
+        got = beam_search(model, src, DecodeConfig(beam=k, alpha=alpha, nbest=k, max_len_a=1.0, max_len_b=5))
         with torch.no_grad():
             for row in range(len(LENGTHS)):
                 ref = reference_beam_search(model, src[row], k, alpha, 1.0, 5)
@@ -137,14 +138,14 @@ def test_batched_beam_search_matches_unbatched_reference(seed):
 def test_batch_rows_are_independent(beam):
     model = tiny_model(1)
     src = src_batch(LENGTHS, 1)
-    together = beam_search(model, src, beam=beam, nbest=beam)
-    greedy_together = greedy_search(model, src)
+    together = beam_search(model, src, DecodeConfig(beam=beam, nbest=beam))
+    greedy_together = greedy_search(model, src, DecodeConfig())
     for row, n in enumerate(LENGTHS):
-        alone = beam_search(model, src[row:row + 1, :n], beam=beam, nbest=beam)[0]
+        alone = beam_search(model, src[row:row + 1, :n], DecodeConfig(beam=beam, nbest=beam))[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[row]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[row]],
                                                          abs=1e-4)
-        assert greedy_search(model, src[row:row + 1, :n])[0].tokens == greedy_together[row].tokens
+        assert greedy_search(model, src[row:row + 1, :n], DecodeConfig())[0].tokens == greedy_together[row].tokens
 
 
 def test_wide_beam_is_exhaustive_and_beats_greedy():
@@ -156,9 +157,8 @@ def test_wide_beam_is_exhaustive_and_beats_greedy():
     src = src_batch([5, 3], 3, eos=2)
     outputs = [list(seq) for n in range(4) for seq in itertools.product([3, 4], repeat=n)]
     for alpha in (0.0, 1.0):
-        beams = beam_search(model, src, beam=16, alpha=alpha, nbest=16, max_len_a=0.0,
-                            max_len_b=4)
-        greedy = greedy_search(model, src, alpha=alpha, max_len_a=0.0, max_len_b=4)
+        beams = beam_search(model, src, DecodeConfig(beam=16, alpha=alpha, nbest=16, max_len_a=0.0, max_len_b=4))
+        greedy = greedy_search(model, src, DecodeConfig(alpha=alpha, max_len_a=0.0, max_len_b=4))
         for row in range(2):
             exact = {tuple(y): teacher_forced_logprob(model, src[row], y) for y in outputs}
             found = {tuple(h.tokens): h.logprob for h in beams[row]}
@@ -179,8 +179,8 @@ def test_beam_best_is_usually_no_worse_than_greedy():
     for seed in range(3):
         model = tiny_model(seed)
         src = src_batch(LENGTHS, seed)
-        greedy = greedy_search(model, src, alpha=0.0)
-        beam = beam_search(model, src, beam=5, alpha=0.0)
+        greedy = greedy_search(model, src, DecodeConfig(alpha=0.0))
+        beam = beam_search(model, src, DecodeConfig(beam=5, alpha=0.0))
         for g, b in zip(greedy, beam):
             total += 1
             wins += b[0].logprob >= g.logprob - 1e-4
@@ -193,7 +193,7 @@ def test_beam_best_is_usually_no_worse_than_greedy():
 def test_nbest_has_nbest_entries_sorted_by_score(nbest):
     model = tiny_model(2)
     src = src_batch(LENGTHS, 2)
-    for hyps in beam_search(model, src, beam=4, alpha=1.0, nbest=nbest):
+    for hyps in beam_search(model, src, DecodeConfig(beam=4, alpha=1.0, nbest=nbest)):
         assert len(hyps) == nbest
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
@@ -204,8 +204,8 @@ def test_nbest_has_nbest_entries_sorted_by_score(nbest):
 def test_score_is_logprob_over_length_penalty(alpha):
     model = tiny_model(0)
     src = src_batch(LENGTHS, 0)
-    hyps = [h for row in beam_search(model, src, beam=3, alpha=alpha, nbest=3) for h in row]
-    hyps += greedy_search(model, src, alpha=alpha)
+    hyps = [h for row in beam_search(model, src, DecodeConfig(beam=3, alpha=alpha, nbest=3)) for h in row]
+    hyps += greedy_search(model, src, DecodeConfig(alpha=alpha))
     for h in hyps:
         assert h.score == pytest.approx(h.logprob / length_penalty(len(h.tokens) + 1, alpha),
                                         rel=1e-6)
@@ -215,8 +215,8 @@ def test_score_is_logprob_over_length_penalty(alpha):
 def test_logprob_is_model_probability_of_tokens_plus_eos():
     model = tiny_model(1)
     src = src_batch(LENGTHS, 1)
-    beams = beam_search(model, src, beam=3, nbest=3)
-    greedy = greedy_search(model, src)
+    beams = beam_search(model, src, DecodeConfig(beam=3, nbest=3))
+    greedy = greedy_search(model, src, DecodeConfig())
     for row in range(len(LENGTHS)):
         for h in beams[row] + [greedy[row]]:
             assert BOS not in h.tokens and EOS not in h.tokens and PAD not in h.tokens
@@ -232,8 +232,8 @@ def test_max_length_respected_and_eos_forced_there(a, b):
     the output incl. EOS has floor(a * src_len + b) tokens (src_len counts the source EOS)."""
     model = tiny_model(0, eos_bias=-1e4)
     src = src_batch(LENGTHS, 0)
-    results = {"greedy": [[h] for h in greedy_search(model, src, max_len_a=a, max_len_b=b)],
-               "beam": beam_search(model, src, beam=3, nbest=3, max_len_a=a, max_len_b=b)}
+    results = {"greedy": [[h] for h in greedy_search(model, src, DecodeConfig(max_len_a=a, max_len_b=b))],
+               "beam": beam_search(model, src, DecodeConfig(beam=3, nbest=3, max_len_a=a, max_len_b=b))}
     for hyps_per_row in results.values():
         for n, hyps in zip(LENGTHS, hyps_per_row):
             for h in hyps:
@@ -245,15 +245,15 @@ def test_random_model_output_length_bounded():
     model = tiny_model(2, eos_bias=0.0)
     src = src_batch(LENGTHS, 2)
     for row, n in enumerate(LENGTHS):
-        for h in beam_search(model, src, beam=2, max_len_a=1.2, max_len_b=2)[row]:
+        for h in beam_search(model, src, DecodeConfig(beam=2, max_len_a=1.2, max_len_b=2))[row]:
             assert len(h.tokens) <= 1.2 * n + 2
 
 
 def test_output_length_capped_by_position_table():
     model = tiny_model(0, eos_bias=-1e4, max_positions=16)
     src = src_batch([12], 0)
-    assert len(greedy_search(model, src)[0].tokens) == 14  # 15 positions incl. EOS
-    assert len(beam_search(model, src, beam=2)[0][0].tokens) == 14
+    assert len(greedy_search(model, src, DecodeConfig())[0].tokens) == 14  # 15 positions incl. EOS
+    assert len(beam_search(model, src, DecodeConfig(beam=2))[0][0].tokens) == 14
 
 
 # --- attention ------------------------------------------------------------------------------
@@ -271,8 +271,8 @@ def test_need_attention_rows_sum_to_one_over_real_source_positions():
     model = tiny_model(1)
     src = src_batch(LENGTHS, 1)
     width = src.size(1)
-    beams = beam_search(model, src, beam=3, nbest=3, need_attention=True)
-    greedy = greedy_search(model, src, need_attention=True)
+    beams = beam_search(model, src, DecodeConfig(beam=3, nbest=3), need_attention=True)
+    greedy = greedy_search(model, src, DecodeConfig(), need_attention=True)
     for row, n in enumerate(LENGTHS):
         for h in beams[row]:
             _check_attention(h, n, width)
@@ -282,9 +282,9 @@ def test_need_attention_rows_sum_to_one_over_real_source_positions():
 def test_attention_of_batched_beam_equals_attention_alone():
     model = tiny_model(1)
     src = src_batch(LENGTHS, 1)
-    together = beam_search(model, src, beam=3, need_attention=True)
+    together = beam_search(model, src, DecodeConfig(beam=3), need_attention=True)
     for row, n in enumerate(LENGTHS):
-        alone = beam_search(model, src[row:row + 1, :n], beam=3, need_attention=True)[0][0]
+        alone = beam_search(model, src[row:row + 1, :n], DecodeConfig(beam=3), need_attention=True)[0][0]
         assert alone.tokens == together[row][0].tokens
         torch.testing.assert_close(together[row][0].attention[:, :n], alone.attention,
                                    atol=1e-5, rtol=1e-5)
@@ -293,5 +293,5 @@ def test_attention_of_batched_beam_equals_attention_alone():
 def test_no_attention_unless_asked():
     model = tiny_model(0)
     src = src_batch([4, 2], 0)
-    assert all(h.attention is None for h in greedy_search(model, src))
-    assert all(h[0].attention is None for h in beam_search(model, src, beam=2))
+    assert all(h.attention is None for h in greedy_search(model, src, DecodeConfig()))
+    assert all(h[0].attention is None for h in beam_search(model, src, DecodeConfig(beam=2)))

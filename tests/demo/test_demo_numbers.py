@@ -59,7 +59,7 @@ def test_make_pairs_exhausts_small_range() -> None:
 
 
 def test_write_demo_corpus(tmp_path: Path) -> None:
-    prefixes = write_demo_corpus(tmp_path, n_train=200, n_valid=30, n_test=20, seed=7)
+    prefixes = write_demo_corpus(tmp_path, {"train": 200, "valid": 30, "test": 20}, seed=7)
     assert prefixes == {s: str(tmp_path / s) for s in ("train", "valid", "test")}
     sizes = {"train": 200, "valid": 30, "test": 20}
     numbers = {}
@@ -73,5 +73,5 @@ def test_write_demo_corpus(tmp_path: Path) -> None:
     assert not numbers["train"] & numbers["test"]
     assert not numbers["valid"] & numbers["test"]
     again = tmp_path / "again"
-    write_demo_corpus(again, n_train=200, n_valid=30, n_test=20, seed=7)
+    write_demo_corpus(again, {"train": 200, "valid": 30, "test": 20}, seed=7)
     assert (again / "test.words").read_text() == (tmp_path / "test.words").read_text()

@@ -106,7 +106,7 @@ class Trained:
 def prepared(tmp_path_factory) -> Prepared:
     """``xinda prepare`` of a 300/20/20-pair corpus (~11 batches of 500 tokens per epoch)."""
     root = tmp_path_factory.mktemp("e2e")
-    raw = write_demo_corpus(root / "raw", n_train=300, n_valid=20, n_test=20, seed=1)
+    raw = write_demo_corpus(root / "raw", {"train": 300, "valid": 20, "test": 20})
     config = make_config(root / "config.yaml", raw, root / "data-bin", root / "model")
     result = run_xinda("prepare", config, cwd=root)
     return Prepared(root, raw, root / "data-bin", config, result)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from xinda.checkpoint import default_weights, list_checkpoints
 from xinda.decode.translator import Translator
-from xinda.train.checkpoint import default_weights, list_checkpoints
 from xinda.utils import read_lines
 
 PIPELINE_STEPS = 60  # as in conftest.trained

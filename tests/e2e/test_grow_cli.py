@@ -9,8 +9,9 @@ import pytest
 import torch
 import yaml
 
-from xinda.config import TrainConfig, XindaError
-from xinda.train.checkpoint import list_checkpoints, load_state
+from xinda.checkpoint import list_checkpoints, load_state
+from xinda.config import TrainConfig
+from xinda.errors import XindaError
 from xinda.train.grow import grow_model_dir
 from xinda.train.schedule import learning_rate
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from xinda.checkpoint import list_checkpoints, load_state
 from xinda.data.batching import make_batches
-from xinda.data.prepare import load_split
-from xinda.train.checkpoint import list_checkpoints, load_state
+from xinda.data.manifest import load_split
 
 STEPS, SAVE_EVERY, KILL_AT = 24, 4, 8
 MAX_TOKENS = 500

@@ -29,7 +29,7 @@ def train_one_epoch(config, out_dir, update_freq: int) -> dict:
 
 
 def test_update_freq_2_halves_updates_per_epoch(prepared, tmp_path):
-    from xinda.data.prepare import load_split
+    from xinda.data.manifest import load_split
 
     src, tgt = load_split(prepared.data_dir, "train")
     batches = len(make_batches(src.lengths, tgt.lengths, MAX_TOKENS, 1, 1))

@@ -1,7 +1,7 @@
 import pytest
 import sacrebleu
 
-from xinda.config import XindaError
+from xinda.errors import XindaError
 from xinda.evaluate.metrics import (
     Score,
     bleu_by_length,

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xinda.config import XindaError
-from xinda.models.base import VocabInfo
-from xinda.models.layers import SublayerConnection
+from xinda.data.vocab import VocabInfo
+from xinda.errors import XindaError
+from xinda.models.layers import SublayerConnection, skip_probability
 from xinda.models.registry import build_model, resolve
 from xinda.models.transformer.connections import (
     DenseConnection,
@@ -22,7 +22,6 @@ from xinda.models.transformer.connections import (
     mean_fusion,
     run_plain,
 )
-from xinda.models.transformer.model import skip_probability
 
 PAD, BOS, EOS, V = 0, 2, 3, 20
 VOCAB = VocabInfo(src_size=V, tgt_size=V, pad=PAD, bos=BOS, eos=EOS, joint=True)

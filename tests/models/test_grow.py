@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from xinda.config import XindaError
-from xinda.models.base import VocabInfo
+from xinda.data.vocab import VocabInfo
+from xinda.errors import XindaError
 from xinda.models.transformer.grow import grow_encoder, grown_config, source_layer
 from xinda.models.transformer.model import Transformer, TransformerConfig
 

@@ -4,9 +4,10 @@ reordering, reference path, configuration checks, presets and search."""
 import pytest
 import torch
 
-from xinda.config import XindaError
+from xinda.config import DecodeConfig
+from xinda.data.vocab import VocabInfo
 from xinda.decode.search import beam_search, greedy_search
-from xinda.models.base import VocabInfo
+from xinda.errors import XindaError
 from xinda.models.registry import PRESETS, build_model, list_presets, resolve
 from xinda.models.rnn import RNNConfig, RNNEncoderOut, RNNModel
 from xinda.models.rnn.encoder import reverse_padded
@@ -341,8 +342,8 @@ def searchable(name, eos_bias):
 def test_beam_of_one_equals_greedy(name, eos_bias):
     model = searchable(name, eos_bias)
     src = src_batch([6, 3, 1, 5])
-    greedy = greedy_search(model, src, alpha=0.6)
-    beam = beam_search(model, src, beam=1, alpha=0.6)
+    greedy = greedy_search(model, src, DecodeConfig(alpha=0.6))
+    beam = beam_search(model, src, DecodeConfig(beam=1, alpha=0.6))
     assert len({len(h.tokens) for h in greedy}) > 1  # varied lengths
     for g, b in zip(greedy, beam):
         assert b[0].tokens == g.tokens
@@ -352,7 +353,7 @@ def test_beam_of_one_equals_greedy(name, eos_bias):
 def test_beam_search_with_attention_and_coverage_runs_on_gnmt():
     model = searchable("gnmt", 0.5)
     src = src_batch([6, 3, 5])
-    results = beam_search(model, src, beam=3, nbest=2, need_attention=True, coverage=0.2)
+    results = beam_search(model, src, DecodeConfig(beam=3, nbest=2, coverage=0.2), need_attention=True)
     for row, hyps in enumerate(results):
         assert len(hyps) == 2
         n_real = int(src[row].ne(PAD).sum())

@@ -209,7 +209,7 @@ def test_masked_softmax_gives_padding_exactly_zero():
 @pytest.mark.parametrize("score", ["dot", "general", "concat", "cosine", "location"])
 def test_attention_module_weights_padding_exactly_zero(score):
     torch.manual_seed(3)
-    attn = SourceAttention(score, 4, 4, max_positions=16)
+    attn = SourceAttention(score, 4, 4, "global", 10, max_positions=16)
     memory, query = torch.randn(2, 5, 4), torch.randn(2, 3, 4)
     src_pad = torch.tensor([[False] * 5, [False, False, True, True, True]])
     context, weights = attn(query, memory, src_pad, torch.arange(3), attn.precompute(memory))
@@ -221,7 +221,7 @@ def test_attention_module_weights_padding_exactly_zero(score):
 
 def test_location_attention_uses_only_the_real_source_positions():
     torch.manual_seed(4)
-    attn = SourceAttention("location", 2, 3, max_positions=16)
+    attn = SourceAttention("location", 2, 3, "global", 10, max_positions=16)
     query = torch.randn(1, 2, 2)
     memory = torch.randn(1, 4, 3)
     src_pad = torch.tensor([[False, False, False, True]])
@@ -251,7 +251,7 @@ def test_predictive_position_is_source_length_times_sigmoid():
 
 
 def test_local_p_attention_window_and_gaussian_by_hand():
-    attn = SourceAttention("dot", 2, 2, window="local-p", d=2)
+    attn = SourceAttention("dot", 2, 2, window="local-p", d=2, max_positions=16)
     with torch.no_grad():
         attn.w_p.weight.copy_(torch.eye(2))
         attn.v_p.copy_(t(-math.log(3) / math.tanh(1), 0.0))  # p_t = S / 4
@@ -266,7 +266,7 @@ def test_local_p_attention_window_and_gaussian_by_hand():
 
 
 def test_local_m_window_follows_target_position_clipped_to_source():
-    attn = SourceAttention("dot", 2, 2, window="local-m", d=1)
+    attn = SourceAttention("dot", 2, 2, window="local-m", d=1, max_positions=16)
     memory = torch.zeros(1, 5, 2)
     src_pad = torch.tensor([[False, False, False, True, True]])  # S = 3
     _, weights = attn(torch.zeros(1, 3, 2), memory, src_pad, torch.tensor([0, 1, 5]))

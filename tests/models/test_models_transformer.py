@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from xinda.config import XindaError
-from xinda.models.base import VocabInfo
+from xinda.data.vocab import VocabInfo
+from xinda.errors import XindaError
 from xinda.models.registry import PRESETS, build_model, list_presets, resolve
 from xinda.models.transformer import Transformer, TransformerConfig
 

@@ -123,22 +123,22 @@ def cfg(**kw) -> TrainConfig:
                                           (16000, 1.25e-4)])
 def test_inverse_sqrt_values(step, lr):
     c = cfg(schedule="inverse_sqrt", lr=5e-4, warmup_steps=1000)
-    assert learning_rate(c, step) == pytest.approx(lr, rel=1e-9)
+    assert learning_rate(c, step, 512) == pytest.approx(lr, rel=1e-9)
 
 
 def test_inverse_sqrt_peaks_at_warmup_and_is_continuous():
     c = cfg(schedule="inverse_sqrt", lr=1e-3, warmup_steps=100)
-    rates = [learning_rate(c, s) for s in range(1, 400)]
+    rates = [learning_rate(c, s, 512) for s in range(1, 400)]
     assert max(rates) == pytest.approx(1e-3) and rates.index(max(rates)) == 99
     assert all(a < b for a, b in itertools.pairwise(rates[:100]))  # warm-up increases
     assert all(a > b for a, b in itertools.pairwise(rates[99:]))  # then decays
-    assert learning_rate(c, 99) == pytest.approx(0.99e-3)
-    assert learning_rate(c, 101) == pytest.approx(1e-3 * math.sqrt(100 / 101))
+    assert learning_rate(c, 99, 512) == pytest.approx(0.99e-3)
+    assert learning_rate(c, 101, 512) == pytest.approx(1e-3 * math.sqrt(100 / 101))
 
 
 def test_step_zero_is_treated_as_step_one():
     c = cfg(schedule="inverse_sqrt", lr=5e-4, warmup_steps=1000)
-    assert learning_rate(c, 0) == learning_rate(c, 1)
+    assert learning_rate(c, 0, 512) == learning_rate(c, 1, 512)
 
 
 @pytest.mark.parametrize("step", [1, 100, 4000, 10000])
@@ -161,32 +161,32 @@ def test_noam_peaks_at_warmup():
                                           (2000, 2.5e-4), (3500, 1.25e-4)])
 def test_step_decay_values(step, lr):
     c = cfg(schedule="step", lr=1e-3, warmup_steps=0, decay_every=1000, decay_factor=0.5)
-    assert learning_rate(c, step) == pytest.approx(lr, rel=1e-9)
+    assert learning_rate(c, step, 512) == pytest.approx(lr, rel=1e-9)
 
 
 def test_step_decay_with_warmup():
     c = cfg(schedule="step", lr=1e-3, warmup_steps=100, decay_every=1000, decay_factor=0.1)
-    assert learning_rate(c, 50) == pytest.approx(0.5e-3)
-    assert learning_rate(c, 100) == pytest.approx(1e-3)
-    assert learning_rate(c, 1000) == pytest.approx(1e-4)
+    assert learning_rate(c, 50, 512) == pytest.approx(0.5e-3)
+    assert learning_rate(c, 100, 512) == pytest.approx(1e-3)
+    assert learning_rate(c, 1000, 512) == pytest.approx(1e-4)
 
 
 def test_constant_schedule():
     c = cfg(schedule="constant", lr=3e-4, warmup_steps=10)
-    assert learning_rate(c, 5) == pytest.approx(1.5e-4)
-    assert [learning_rate(c, s) for s in (10, 11, 1000, 10**6)] == pytest.approx([3e-4] * 4)
+    assert learning_rate(c, 5, 512) == pytest.approx(1.5e-4)
+    assert [learning_rate(c, s, 512) for s in (10, 11, 1000, 10**6)] == pytest.approx([3e-4] * 4)
     c0 = cfg(schedule="constant", lr=3e-4, warmup_steps=0)
-    assert learning_rate(c0, 1) == pytest.approx(3e-4)
+    assert learning_rate(c0, 1, 512) == pytest.approx(3e-4)
 
 
 @pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "step", "constant"])
 def test_min_lr_floor(schedule):
     c = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, min_lr=1e-4, decay_every=10)
     for step in (1, 2, 10, 1000, 10**5, 10**7):
-        assert learning_rate(c, step) >= 1e-4
-    assert learning_rate(c, 1) == pytest.approx(1e-4)  # warm-up starts at the floor
+        assert learning_rate(c, step, 512) >= 1e-4
+    assert learning_rate(c, 1, 512) == pytest.approx(1e-4)  # warm-up starts at the floor
     if schedule != "constant":
-        assert learning_rate(c, 10**7) == pytest.approx(1e-4)
+        assert learning_rate(c, 10**7, 512) == pytest.approx(1e-4)
 
 
 # --- optimiser helpers ----------------------------------------------------------------------

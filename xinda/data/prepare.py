@@ -17,98 +17,27 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
-from itertools import chain
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
-from xinda.config import DataConfig, XindaError
+from xinda.config import DataConfig
+from xinda.data.arrays import TokenArrays
+from xinda.data.manifest import FORMAT_VERSION, MANIFEST, SIDES
 from xinda.data.text import TextPipeline
 from xinda.data.vocab import SPECIAL_IDS, Vocab
+from xinda.errors import XindaError
 from xinda.utils import atomic_path, atomic_write_text, read_lines
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-SIDES = ("src", "tgt")
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENCODE_CHUNK = 20_000
 
 Pair = tuple[list[str], list[str]]  # (src lines, tgt lines)
 
 
-# ---------------------------------------------------------------- token arrays
-
-
-class TokenArrays:
-    """A list of variable-length id sequences stored as flat ``ids`` plus ``offsets``."""
-
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
-        self.ids = ids
-        self.offsets = offsets
-        self._lengths: np.ndarray | None = None
-
-    @classmethod
-    def from_sequences(cls, seqs: Sequence[Sequence[int]]) -> TokenArrays:
-        lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=int(offsets[-1]))
-        return cls(ids, offsets)
-
-    @classmethod
-    def concat(cls, parts: Sequence[TokenArrays]) -> TokenArrays:
-        if not parts:
-            return cls.from_sequences([])
-        ids = np.concatenate([p.ids for p in parts])
-        lengths = np.concatenate([p.lengths for p in parts])
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return cls(ids.astype(np.int32, copy=False), offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"sentence index {i} out of range for {n} sentences")
-        i %= n
-        return self.ids[self.offsets[i]:self.offsets[i + 1]]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return (self[i] for i in range(len(self)))
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Token count of every sentence (int64)."""
-        if self._lengths is None:
-            self._lengths = np.diff(self.offsets)
-        return self._lengths
-
-    def select(self, keep: np.ndarray) -> TokenArrays:
-        """The sentences where the boolean mask ``keep`` is true, in order."""
-        ids = self.ids[np.repeat(keep, self.lengths)]
-        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
-        np.cumsum(self.lengths[keep], out=offsets[1:])
-        return TokenArrays(ids, offsets)
-
-    def save(self, directory: Path, stem: str) -> None:
-        _save_npy(directory / f"{stem}.ids.npy", self.ids.astype(np.int32, copy=False))
-        _save_npy(directory / f"{stem}.offsets.npy", self.offsets.astype(np.int64, copy=False))
-
-    @classmethod
-    def load(cls, directory: Path, stem: str) -> TokenArrays:
-        """Memory-mapped (read-only) arrays written by ``save``."""
-        ids = np.load(directory / f"{stem}.ids.npy", mmap_mode="r")
-        offsets = np.load(directory / f"{stem}.offsets.npy", mmap_mode="r")
-        return cls(ids, offsets)
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a handle: np.save adds no suffix
-        np.save(f, array)
+# ---------------------------------------------------------------- encoding and reading
 
 
 def encode_lines(sp: spm.SentencePieceProcessor, lines: Sequence[str]) -> TokenArrays:
@@ -120,7 +49,6 @@ def encode_lines(sp: spm.SentencePieceProcessor, lines: Sequence[str]) -> TokenA
     return TokenArrays.concat(parts)
 
 
-# ---------------------------------------------------------------- reading
 
 
 def corpus_file(prefix: str, lang: str) -> Path:
@@ -348,44 +276,3 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
     }
     atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
-
-
-# ---------------------------------------------------------------- loading
-
-
-def load_manifest(data_dir: str | Path) -> dict:
-    """Read ``{data_dir}/manifest.json`` written by ``prepare``."""
-    path = Path(data_dir) / MANIFEST
-    if not path.is_file():
-        raise XindaError(f"{path}: not found — run xinda prepare first")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise XindaError(f"{path}: invalid manifest ({err})") from None
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise XindaError(f"{path}: unsupported format_version {version} "
-                         f"(expected {FORMAT_VERSION}); re-run xinda prepare")
-    return manifest
-
-
-def load_split(data_dir: str | Path, split: str) -> tuple[TokenArrays, TokenArrays]:
-    """Memory-mapped (src, tgt) token arrays of one split."""
-    data_dir = Path(data_dir)
-    if not (data_dir / f"{split}.src.ids.npy").is_file():
-        available = ", ".join(load_manifest(data_dir)["splits"])
-        raise XindaError(f"{data_dir}: no split '{split}' (available: {available})")
-    return TokenArrays.load(data_dir, f"{split}.src"), TokenArrays.load(data_dir, f"{split}.tgt")
-
-
-def side_pipeline(manifest: dict, side: str) -> TextPipeline:
-    """The TextPipeline that prepared ``side`` ("src" or "tgt")."""
-    return TextPipeline(**manifest["text"][side])
-
-
-def side_vocab(data_dir: str | Path, manifest: dict, side: str) -> Vocab:
-    """The Vocab (sentencepiece model) of ``side`` ("src" or "tgt")."""
-    path = Path(data_dir) / manifest["spm"][side]
-    if not path.is_file():
-        raise XindaError(f"{path}: sentencepiece model not found — run xinda prepare again")
-    return Vocab(path)

@@ -4,19 +4,22 @@
 collapse -> pre-tokenisation (``moses``, ``jieba``, ``char`` or ``none``).
 ``TextPipeline.postprocess`` undoes the pre-tokenisation of model output (detokenisation).
 The pipeline holds only its four settings (tokenizer objects are cached per process), so it
-pickles cheaply and is rebuilt from ``manifest.json`` with ``TextPipeline(**settings)``.
+pickles cheaply and is rebuilt from ``manifest.json`` with ``TextPipeline(**settings)``. The
+allowed settings are ``xinda.config``'s ``Normalization`` and ``Pretok``.
 """
 
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from functools import cache, lru_cache
 from itertools import pairwise
+from typing import get_args
+
+from xinda.config import Normalization, Pretok
 
 SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
-PRETOKS = ("moses", "jieba", "char", "none")
-NORMALIZERS = ("NFKC", "NFC", "none")
 _CLOSING = ",;:!?.)]}%"
 _OPENING = "([{"
 
@@ -75,33 +78,24 @@ def jieba_detokenize(text: str) -> str:
     return "".join(out)
 
 
+@dataclass(frozen=True)
 class TextPipeline:
     """Normalise + pre-tokenise one language side; ``postprocess`` detokenises output."""
 
-    def __init__(
-        self, normalize: str = "NFKC", lowercase: bool = False, pretok: str = "none",
-        lang: str = "en",
-    ):
-        if normalize not in NORMALIZERS:
-            raise ValueError(f"normalize must be one of {NORMALIZERS}, got {normalize!r}")
-        if pretok not in PRETOKS:
-            raise ValueError(f"pretok must be one of {PRETOKS}, got {pretok!r}")
-        self.normalize = normalize
-        self.lowercase = bool(lowercase)
-        self.pretok = pretok
-        self.lang = lang
+    normalize: Normalization
+    lowercase: bool
+    pretok: Pretok
+    lang: str  # language code for the Moses (de)tokeniser
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("normalize", Normalization), ("pretok", Pretok)):
+            if getattr(self, name) not in get_args(allowed):
+                raise ValueError(f"{name} must be one of {get_args(allowed)}, "
+                                 f"got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         """The settings stored in the manifest; ``TextPipeline(**d)`` rebuilds the pipeline."""
-        return {"normalize": self.normalize, "lowercase": self.lowercase,
-                "pretok": self.pretok, "lang": self.lang}
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
-        return f"TextPipeline({args})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TextPipeline) and self.to_dict() == other.to_dict()
+        return asdict(self)
 
     def clean(self, line: str) -> str:
         """Normalisation, lowercasing and whitespace collapse (no tokenisation)."""
@@ -136,6 +130,3 @@ class TextPipeline:
         if self.pretok == "jieba":
             return jieba_detokenize(text)
         return text
-
-    def postprocess_many(self, texts: Iterable[str]) -> list[str]:
-        return [self.postprocess(text) for text in texts]

@@ -7,12 +7,24 @@ first id after the pieces, so ``size`` is one larger than the model's piece coun
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
 
-PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
-SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}  # sentencepiece trainer args
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What a model needs to know about its vocabularies."""
+
+    src_size: int
+    tgt_size: int
+    pad: int
+    bos: int
+    eos: int
+    joint: bool  # one vocabulary for both sides (allows shared embeddings)
 
 
 class Vocab:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from xinda.config import XindaError
+from xinda.config import DecodeConfig
+from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 
 
@@ -58,18 +59,20 @@ def _step_logprobs(model: Seq2SeqModel, last: Tensor, enc, state: dict, need_att
     return logp, None if attn is None else attn[:, -1].float()
 
 
-def _model_limit(model: Seq2SeqModel) -> int:
-    cfg = getattr(model, "cfg", None)
-    return getattr(cfg, "max_positions", 1024) - 1
+def _output_limits(model: Seq2SeqModel, enc, dec: DecodeConfig) -> Tensor:
+    """(B,) output length limits: a * |x| + b, below the model's position table (BOS first)."""
+    return max_lengths((~enc.src_pad).sum(1), dec.max_len_a, dec.max_len_b,
+                       model.cfg.max_positions - 1)
 
 
 @torch.no_grad()
-def greedy_search(model: Seq2SeqModel, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10,
-                  alpha: float = 1.0, need_attention: bool = False) -> list[Hypothesis]:
-    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence."""
+def greedy_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
+                  need_attention: bool = False) -> list[Hypothesis]:
+    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence
+    (``dec``: max_len_a/b bound the length, alpha the GNMT length penalty of its score)."""
     vocab = model.vocab
     enc = model.encode(src)
-    limits = max_lengths((~enc.src_pad).sum(1), max_len_a, max_len_b, _model_limit(model))
+    limits = _output_limits(model, enc, dec)
     batch = src.size(0)
     tokens = torch.full((batch, 1), vocab.bos, dtype=torch.long, device=src.device)
     logprob = torch.zeros(batch, device=src.device)
@@ -87,7 +90,7 @@ def greedy_search(model: Seq2SeqModel, src: Tensor, max_len_a: float = 1.5, max_
         done |= best.eq(vocab.eos)
         if done.all():
             break
-    return [_greedy_hypothesis(tokens[i, 1:], float(logprob[i]), alpha, vocab.eos,
+    return [_greedy_hypothesis(tokens[i, 1:], float(logprob[i]), dec.alpha, vocab.eos,
                                torch.stack([a[i] for a in attns]) if attns else None)
             for i in range(batch)]
 
@@ -111,20 +114,20 @@ class _Beams:
 
 
 @torch.no_grad()
-def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 1.0,
-                max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1,
-                need_attention: bool = False, coverage: float = 0.0) -> list[list[Hypothesis]]:
-    """Batched beam search. src (B, S) -> for each sentence its ``nbest`` best hypotheses.
+def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
+                need_attention: bool = False) -> list[list[Hypothesis]]:
+    """Batched beam search of width ``dec.beam``. src (B, S) -> for each sentence its
+    ``dec.nbest`` best hypotheses.
 
-    Finished hypotheses are ranked by log P / lp(alpha) + cp(coverage); a coverage weight > 0
-    needs a model that returns source attention."""
-    vocab, k = model.vocab, beam
+    Finished hypotheses are ranked by log P / lp(dec.alpha) + cp(dec.coverage); a coverage
+    weight > 0 needs a model that returns source attention."""
+    vocab, k, coverage = model.vocab, dec.beam, dec.coverage
     need_attention = need_attention or coverage > 0
     if coverage > 0 and not model.has_attention:
         raise XindaError("the coverage penalty needs an attention model; this one has none")
     batch, device = src.size(0), src.device
     enc = model.encode(src)
-    limits = max_lengths((~enc.src_pad).sum(1), max_len_a, max_len_b, _model_limit(model))
+    limits = _output_limits(model, enc, dec)
     enc = enc.reorder(torch.arange(batch, device=device).repeat_interleave(k))
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one
@@ -145,7 +148,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (N, 2K)
         src_beam, token = top_idx // logp.size(-1), top_idx % logp.size(-1)
         is_eos = token.eq(vocab.eos) & top_scores.gt(float("-inf"))
-        _finalise(beams, finished, top_scores, src_beam, is_eos, k, alpha,
+        _finalise(beams, finished, top_scores, src_beam, is_eos, k, dec.alpha,
                   (coverage, ~enc.src_pad))
         keep_rank = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).argsort(1)[:, :k]
         rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, keep_rank))
@@ -161,7 +164,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, beam: int = 5, alpha: float = 
         beams = _Beams(beams.alive[live], torch.cat([beams.tokens[rows], new_tokens], 1),
                        top_scores.gather(1, keep_rank)[live],
                        None if beams.attention is None else beams.attention[rows])
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+    return [sorted(hyps, key=lambda h: -h.score)[:dec.nbest] for hyps in finished]
 
 
 def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tensor,

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
+from xinda.checkpoint import default_weights, load_weights
 from xinda.config import DecodeConfig, ExperimentConfig, load_config
-from xinda.data.prepare import load_manifest, side_pipeline, side_vocab
+from xinda.data.manifest import Vocabularies, load_vocabularies
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
 from xinda.device import autocast, pick_precision
-from xinda.models.base import Seq2SeqModel, VocabInfo
+from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model
-from xinda.train.checkpoint import default_weights, load_weights
 
 log = logging.getLogger("xinda")
 
@@ -34,18 +34,13 @@ class Translation:
     attention: torch.Tensor | None = None  # (len(target)+1, len(source)+1) incl. EOS
 
 
-def vocab_info(src_vocab, tgt_vocab, joint: bool) -> VocabInfo:
-    return VocabInfo(src_vocab.size, tgt_vocab.size, tgt_vocab.pad, tgt_vocab.bos, tgt_vocab.eos,
-                     joint)
-
-
 class Translator:
-    def __init__(self, model: Seq2SeqModel, cfg: ExperimentConfig, model_dir: Path):
-        manifest = load_manifest(model_dir)
-        self.model, self.cfg, self.model_dir = model.eval(), cfg, model_dir
-        self.src_text, self.tgt_text = side_pipeline(manifest, "src"), side_pipeline(manifest, "tgt")
-        self.src_vocab = side_vocab(model_dir, manifest, "src")
-        self.tgt_vocab = side_vocab(model_dir, manifest, "tgt")
+    """A model with its vocabularies and text pipelines; decode settings from ``cfg.decode``."""
+
+    def __init__(self, model: Seq2SeqModel, cfg: ExperimentConfig, vocabs: Vocabularies):
+        self.model, self.cfg, self.vocabs = model.eval(), cfg, vocabs
+        self.src_text, self.tgt_text = vocabs.src_text, vocabs.tgt_text
+        self.src_vocab, self.tgt_vocab = vocabs.src, vocabs.tgt
         self.device = next(model.parameters()).device
 
     @classmethod
@@ -54,12 +49,10 @@ class Translator:
         """Load a trained model directory (config, vocabularies and weights)."""
         model_dir = Path(model_dir)
         cfg = load_config(model_dir / "config.yaml")
-        manifest = load_manifest(model_dir)
-        src_vocab = side_vocab(model_dir, manifest, "src")
-        tgt_vocab = side_vocab(model_dir, manifest, "tgt")
-        model = build_model(cfg.model, vocab_info(src_vocab, tgt_vocab, manifest["joint_vocab"]))
+        vocabs = load_vocabularies(model_dir)
+        model = build_model(cfg.model, vocabs.info)
         load_weights(model, checkpoint or default_weights(model_dir))
-        return cls(model.to(device), cfg, model_dir)
+        return cls(model.to(device), cfg, vocabs)
 
     def encode_source(self, line: str, pieces_in: bool) -> list[int]:
         """One input line -> source ids + EOS, truncated to ``max_input_len``."""
@@ -114,11 +107,8 @@ class Translator:
     def _search(self, src: torch.Tensor, dec: DecodeConfig,
                 need_attention: bool) -> list[list[Hypothesis]]:
         if dec.beam == 1 and dec.nbest == 1 and not dec.coverage:
-            hyps = greedy_search(self.model, src, dec.max_len_a, dec.max_len_b, dec.alpha,
-                                 need_attention)
-            return [[h] for h in hyps]
-        return beam_search(self.model, src, dec.beam, dec.alpha, dec.max_len_a, dec.max_len_b,
-                           dec.nbest, need_attention, dec.coverage)
+            return [[h] for h in greedy_search(self.model, src, dec, need_attention)]
+        return beam_search(self.model, src, dec, need_attention)
 
     def _finish(self, hyp: Hypothesis, src_ids: list[int], output_format: str) -> Translation:
         pieces = self.tgt_vocab.ids_to_pieces(hyp.tokens)

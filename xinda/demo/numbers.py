@@ -18,6 +18,9 @@ _ONES = (
 )  # fmt: skip
 _TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 _SCALES = ((1_000_000, "million"), (1_000, "thousand"))
+DEMO_SPLITS = {"train": 20000, "valid": 300, "test": 300}  # pairs per split of `xinda demo`
+DEMO_SEED = 1
+MAX_VALUE = 999_999  # the demo's numbers: 0 .. MAX_VALUE
 
 
 def _below_thousand(n: int) -> list[str]:
@@ -50,7 +53,7 @@ def number_to_words(n: int) -> str:
     return " ".join(words)
 
 
-def make_pairs(n_pairs: int, seed: int, max_value: int = 999_999) -> list[tuple[str, str]]:
+def make_pairs(n_pairs: int, seed: int, max_value: int = MAX_VALUE) -> list[tuple[str, str]]:
     """``n_pairs`` distinct random numbers as (words, digits) pairs, deterministic per seed.
 
     Magnitudes are mixed: the digit count is drawn uniformly from 1..len(str(max_value)) (among
@@ -80,28 +83,18 @@ def make_pairs(n_pairs: int, seed: int, max_value: int = 999_999) -> list[tuple[
     return [(number_to_words(v), str(v)) for v in numbers]
 
 
-def write_demo_corpus(
-    out_dir: Path,
-    n_train: int = 6000,
-    n_valid: int = 300,
-    n_test: int = 300,
-    seed: int = 1,
-    max_value: int = 999_999,
-) -> dict[str, str]:
-    """Write ``{train,valid,test}.{words,digits}`` under ``out_dir`` (numbers disjoint across
-    splits) and return the split prefixes, e.g. ``{"train": "out_dir/train", ...}``."""
+def write_demo_corpus(out_dir: str | Path, sizes: dict[str, int] = DEMO_SPLITS,
+                      seed: int = DEMO_SEED, max_value: int = MAX_VALUE) -> dict[str, str]:
+    """Write ``{split}.words`` and ``{split}.digits`` under ``out_dir`` for each split of
+    ``sizes`` (split -> pairs; numbers disjoint across splits) and return the split prefixes,
+    e.g. ``{"train": "out_dir/train", ...}``."""
     out_dir = Path(out_dir)
-    pairs = make_pairs(n_train + n_valid + n_test, seed, max_value)
-    splits = {
-        "train": pairs[:n_train],
-        "valid": pairs[n_train : n_train + n_valid],
-        "test": pairs[n_train + n_valid :],
-    }
-    prefixes = {}
-    for name, split in splits.items():
-        prefix = out_dir / name
+    pairs = make_pairs(sum(sizes.values()), seed, max_value)
+    prefixes, start = {}, 0
+    for name, size in sizes.items():
+        split = pairs[start:start + size]
+        start += size
         for side, suffix in enumerate(("words", "digits")):
-            text = "".join(f"{pair[side]}\n" for pair in split)
-            atomic_write_text(prefix.with_name(f"{name}.{suffix}"), text)
-        prefixes[name] = str(prefix)
+            atomic_write_text(out_dir / f"{name}.{suffix}", "".join(f"{p[side]}\n" for p in split))
+        prefixes[name] = str(out_dir / name)
     return prefixes

@@ -3,7 +3,8 @@
 English number words -> digits ("four hundred twenty-one thousand seven" -> "421007"):
 generate the corpus, prepare it (sentencepiece on the words, characters on the digits),
 train ``transformer-tiny`` for a fixed wall-clock budget, translate the held-out test set
-with beam search and print examples, BLEU (character level) and exact match.
+with beam search and print examples, BLEU (character level) and exact match. Every setting is
+in ``numbers.yaml`` beside this file (also ``recipes/demo-numbers.yaml``).
 """
 
 from __future__ import annotations
@@ -12,46 +13,53 @@ import shutil
 import time
 from pathlib import Path
 
-from xinda.config import ExperimentConfig
+from xinda.config import ExperimentConfig, load_config
 from xinda.data.prepare import prepare
 from xinda.decode.translator import Translator
-from xinda.demo.numbers import write_demo_corpus
+from xinda.demo.numbers import DEMO_SPLITS, write_demo_corpus
 from xinda.evaluate.metrics import corpus_scores
 from xinda.train.trainer import Trainer
 from xinda.utils import read_lines
 
-
-def demo_config(workdir: Path, seconds: float) -> ExperimentConfig:
-    prefixes = {"train": str(workdir / "raw" / "train"), "valid": str(workdir / "raw" / "valid"),
-                "test": str(workdir / "raw" / "test")}
-    return ExperimentConfig.model_validate({
-        "data": {"src_lang": "words", "tgt_lang": "digits", "train": prefixes["train"],
-                 "valid": prefixes["valid"], "test": {"test": prefixes["test"]},
-                 "out_dir": str(workdir / "data-bin"), "pretok_tgt": "char",
-                 "vocab_size": 120, "normalize": "none"},
-        "model": {"preset": "transformer-tiny", "dropout": 0.1},
-        "train": {"out_dir": str(workdir / "model"), "max_seconds": seconds, "max_tokens": 3000,
-                  "lr": 2e-3, "warmup_steps": 300, "label_smoothing": 0.1, "valid_bleu": False,
-                  "keep_last": 2, "log_every": 20},
-        "decode": {"beam": 5, "alpha": 1.0, "max_len_a": 0.0, "max_len_b": 16},
-    })
+DEMO_CONFIG = Path(__file__).with_name("numbers.yaml")
 
 
-def run_demo(workdir: Path, seconds: float = 120.0, n_train: int = 20000) -> dict[str, float]:
-    workdir = Path(workdir)
-    for sub in ("raw", "data-bin", "model"):
-        shutil.rmtree(workdir / sub, ignore_errors=True)
-    write_demo_corpus(workdir / "raw", n_train=n_train, n_valid=300, n_test=300, seed=1)
+def demo_config(workdir: Path | None = None, seconds: float | None = None) -> ExperimentConfig:
+    """The demo's config; ``workdir`` replaces the folder its paths live in (that of
+    ``train.out_dir``), ``seconds`` its ``train.max_seconds``."""
+    cfg = load_config(DEMO_CONFIG)
+    home = Path(cfg.train.out_dir).parent
+
+    def moved(path: str) -> str:
+        return path if workdir is None else str(Path(workdir) / Path(path).relative_to(home))
+
+    data = cfg.data
+    overrides = [f"data.{name}={moved(getattr(data, name))}" for name in ("train", "valid",
+                                                                         "out_dir")]
+    overrides += [f"data.test.{name}={moved(prefix)}" for name, prefix in data.test.items()]
+    overrides.append(f"train.out_dir={moved(cfg.train.out_dir)}")
+    if seconds is not None:
+        overrides.append(f"train.max_seconds={seconds}")
+    return load_config(DEMO_CONFIG, overrides)
+
+
+def run_demo(workdir: Path | None = None, seconds: float | None = None) -> dict[str, float]:
+    """Generate, prepare, train and translate; print and return exact match, BLEU, updates."""
     cfg = demo_config(workdir, seconds)
-    print(f"1/3 prepare: {n_train} generated pairs of number words -> digits")
+    raw = Path(cfg.data.train).parent
+    for folder in (raw, Path(cfg.data.out_dir), Path(cfg.train.out_dir)):
+        shutil.rmtree(folder, ignore_errors=True)
+    write_demo_corpus(raw)
+    print(f"1/3 prepare: {DEMO_SPLITS['train']} generated pairs of number words -> digits")
     prepare(cfg.data)
-    print(f"2/3 train transformer-tiny for {seconds:.0f} s")
+    print(f"2/3 train {cfg.model['preset']} for {cfg.train.max_seconds:.0f} s")
     progress = Trainer(cfg).train()
     print(f"    {progress.step} updates, {progress.tgt_tokens / progress.train_seconds:.0f} "
           f"target tokens/s")
-    print("3/3 translate the held-out test set (beam 5)")
-    sources = list(read_lines(workdir / "raw" / "test.words"))
-    refs = list(read_lines(workdir / "raw" / "test.digits"))
+    print(f"3/3 translate the held-out test set (beam {cfg.decode.beam})")
+    test = cfg.data.test["test"]
+    sources = list(read_lines(f"{test}.{cfg.data.src_lang}"))
+    refs = list(read_lines(f"{test}.{cfg.data.tgt_lang}"))
     translator = Translator.load(cfg.train.out_dir)
     start = time.perf_counter()
     hyps = translator.translate_text(sources)

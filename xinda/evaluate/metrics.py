@@ -7,14 +7,14 @@ References are either one stream (``list[str]``, one line per hypothesis) or sev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
-from xinda.config import XindaError
+from xinda.errors import XindaError
 from xinda.utils import read_lines
 
 Refs = Sequence[str] | Sequence[Sequence[str]]
@@ -33,9 +33,6 @@ class Score:
 
     def __str__(self) -> str:
         return f"{self.name} = {self.score:.2f} ({self.signature})"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _ref_streams(refs: Refs) -> list[list[str]]:

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from pydantic import Field
 from torch import Tensor, nn
 
+from xinda.config import Strict
+from xinda.data.vocab import VocabInfo
 
-@dataclass
-class VocabInfo:
-    """What a model needs to know about its vocabularies."""
 
-    src_size: int
-    tgt_size: int
-    pad: int
-    bos: int
-    eos: int
-    joint: bool  # one vocabulary for both sides (allows shared embeddings)
+class ModelConfig(Strict):
+    """The fields every architecture's config shares (each architecture adds its own)."""
+
+    # longest sequence the model takes: position table / location-attention table; also the
+    # search's cap on output length
+    max_positions: int = Field(1024, ge=16)
+
+    @property
+    def model_dim(self) -> int:
+        """The model width d of the Noam schedule (Vaswani et al. 2017, eq. 3)."""
+        raise NotImplementedError
 
 
 @dataclass
@@ -41,6 +45,7 @@ class EncoderOut:
 class Seq2SeqModel(nn.Module):
     """Base class: subclasses implement ``encode``, ``decode`` and ``reorder_state``."""
 
+    cfg: ModelConfig
     vocab: VocabInfo
     has_attention: bool = True  # decode(need_weights=True) returns source attention
 
@@ -77,8 +82,3 @@ def reorder_nested(state, order: Tensor):
         for i, value in enumerate(state):
             state[i] = reorder_nested(value, order)
     return state
-
-
-def causal_keep(length: int, device: torch.device) -> Tensor:
-    """(T, T) bool, True on and below the diagonal: position t sees positions <= t."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()

@@ -1,4 +1,9 @@
-"""Small building blocks shared by model families: positions, embeddings, attention, FFN.
+"""Small building blocks shared by model families: positions, embeddings, attention, FFN, and
+the residual sub-layer connection with layer dropout.
+
+Layer dropout follows the textbook: Xiao Tong and Zhu Jingbo 2021, *Machine Translation:
+Foundations and Models*, ch. 15 (cited as "textbook ch. 15"), after Pham et al. 2019,
+"Very deep self-attention networks for end-to-end speech recognition".
 
 Shapes: B batch, S source length, T target length, D model width, H heads, Dh = D / H.
 """
@@ -55,13 +60,13 @@ class TokenEmbedding(nn.Module):
     """Token embedding scaled by sqrt(D), plus sinusoidal positions, then dropout."""
 
     def __init__(self, vocab_size: int, dim: int, pad_id: int, dropout: float,
-                 max_positions: int = 1024, scale: bool = True):
+                 max_positions: int):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
         nn.init.normal_(self.embed.weight, mean=0.0, std=dim**-0.5)
         with torch.no_grad():
             self.embed.weight[pad_id].zero_()
-        self.scale = math.sqrt(dim) if scale else 1.0
+        self.scale = math.sqrt(dim)
         self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
         self.dropout = Dropout(dropout)
 
@@ -177,12 +182,19 @@ class FeedForward(nn.Module):
         return self.w2(self.dropout(self.act(self.w1(x))))
 
 
+def skip_probability(index: int, total: int, phi: float) -> float:
+    """Layer dropout rate of sub-layer ``index`` (1-based) of ``total``: p_l = l / N * phi,
+    rising linearly from the bottom (textbook ch. 15; N = 2L in the encoder, 3L in the
+    decoder)."""
+    return index / total * phi
+
+
 class SublayerConnection(nn.Module):
     """Residual connection around a sub-layer with LayerNorm before it (pre-norm,
     x + F(LN(x))) or after it (post-norm, LN(x + F(x))); dropout on F's output.
 
-    ``skip_prob`` p > 0 adds layer dropout (textbook ch. 15; Pham et al. 2019): in training the
-    whole sub-layer is skipped with probability p, x_{l+1} = M * F(LN(x_l)) + x_l with
+    ``skip_prob`` p > 0 (``skip_probability``) adds layer dropout (textbook ch. 15): in training
+    the whole sub-layer is skipped with probability p, x_{l+1} = M * F(LN(x_l)) + x_l with
     M ~ Bernoulli(1 - p) / (1 - p), so the kept F is scaled up and inference (never skipped)
     sees the same expectation. ``residual=False`` drops the "+ x" (only with sub-layer fusion,
     which then carries the earlier information).

@@ -12,8 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from xinda.config import XindaError, format_validation_error
-from xinda.models.base import Seq2SeqModel, VocabInfo
+from xinda.config import format_validation_error
+from xinda.data.vocab import VocabInfo
+from xinda.errors import XindaError
+from xinda.models.base import Seq2SeqModel
 
 
 @dataclass(frozen=True)

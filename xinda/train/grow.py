@@ -20,13 +20,14 @@ from pathlib import Path
 
 import torch
 
-from xinda.config import ExperimentConfig, XindaError, load_config, save_config
-from xinda.data.prepare import load_manifest, side_vocab
-from xinda.decode.translator import vocab_info
+from xinda import checkpoint as ckpt
+from xinda.config import ExperimentConfig, load_config, save_config
+from xinda.data.manifest import load_manifest, load_vocabularies
+from xinda.errors import XindaError
 from xinda.models.registry import build_model, resolve
 from xinda.models.transformer.grow import grow_encoder, grown_config
-from xinda.train import checkpoint as ckpt
 from xinda.train.curves import CsvLog
+from xinda.train.trainer import Progress
 from xinda.utils import atomic_save
 
 log = logging.getLogger("xinda")
@@ -59,8 +60,6 @@ def grown_experiment(cfg: ExperimentConfig, model_cfg, out: Path) -> ExperimentC
 def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = None) -> Path:
     """Grow the newest checkpoint of ``model_dir`` to a ``layers``-layer encoder in ``out``
     (default ``MODEL_DIR-{layers}l``); returns ``out``."""
-    from xinda.train.trainer import Progress
-
     model_dir = Path(model_dir)
     out = default_out(model_dir, layers) if out is None else Path(out)
     cfg = load_config(model_dir / "config.yaml")
@@ -78,8 +77,7 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
         raise XindaError(f"{out}: already holds checkpoints; choose another --out")
 
     manifest = load_manifest(model_dir)
-    vocab = vocab_info(side_vocab(model_dir, manifest, "src"),
-                       side_vocab(model_dir, manifest, "tgt"), manifest["joint_vocab"])
+    vocab = load_vocabularies(model_dir, manifest).info
     old = build_model(old_cfg, vocab)
     ckpt.load_weights(old, found[-1])
     new = grow_encoder(old, build_model(new_cfg, vocab))

@@ -10,7 +10,7 @@ import torch
 from xinda.config import TrainConfig
 
 
-def learning_rate(cfg: TrainConfig, step: int, d_model: int = 512,
+def learning_rate(cfg: TrainConfig, step: int, d_model: int,
                   resets: Sequence[int] = ()) -> float:
     """Learning rate at update ``step`` (1-based) for the configured schedule.
 

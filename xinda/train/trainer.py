@@ -1,5 +1,7 @@
 """The training loop: token batches, label-smoothed loss, scheduled Adam/SGD, checkpoints that
-resume exactly, validation loss and BLEU, early stopping, progress bar, CSV log and curves."""
+resume exactly, validation loss (and a validation score such as BLEU, computed by a callable the
+caller passes in: ``xinda.evaluate.validation``), early stopping, progress bar, CSV log and
+curves."""
 
 from __future__ import annotations
 
@@ -9,26 +11,29 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from xinda.config import ExperimentConfig, XindaError, save_config
+from xinda import checkpoint as ckpt
+from xinda.config import ExperimentConfig, save_config
 from xinda.data.batching import Batch, collate, make_batches
-from xinda.data.prepare import load_manifest, load_split, side_vocab
-from xinda.decode.translator import Translator, vocab_info
+from xinda.data.manifest import load_manifest, load_split, load_vocabularies
 from xinda.device import autocast, pick_device, pick_precision
-from xinda.evaluate.metrics import corpus_scores
+from xinda.errors import XindaError
+from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model, resolve
-from xinda.train import checkpoint as ckpt
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.loss import label_smoothed_nll
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
-from xinda.utils import atomic_write_text, read_lines
+from xinda.utils import atomic_write_text
 
 log = logging.getLogger("xinda")
+
+ValidBleu = Callable[[Seq2SeqModel], float]  # model -> BLEU of its validation translations
 
 
 @dataclass
@@ -46,7 +51,14 @@ class Progress:
 
 
 class Trainer:
-    def __init__(self, cfg: ExperimentConfig, data_dir: str | Path | None = None):
+    """Trains ``cfg.model`` on the prepared data in ``data_dir`` (default ``cfg.data.out_dir``).
+
+    ``valid_bleu`` (``xinda.evaluate.validation.validation_bleu(cfg)``, built by the caller so that
+    training imports neither decoding nor scoring) scores the model after each validation, beside
+    the loss; without it the loss alone picks the best weights and drives early stopping."""
+
+    def __init__(self, cfg: ExperimentConfig, data_dir: str | Path | None = None,
+                 valid_bleu: ValidBleu | None = None):
         self.cfg, tc = cfg, cfg.train
         self.out = Path(tc.out_dir)
         self.data_dir = Path(data_dir or cfg.data.out_dir)
@@ -56,9 +68,7 @@ class Trainer:
         self.device = pick_device(tc.device)
         self.precision = pick_precision(tc.precision, self.device)
         self.manifest = load_manifest(self.data_dir)
-        self.src_vocab = side_vocab(self.data_dir, self.manifest, "src")
-        self.tgt_vocab = side_vocab(self.data_dir, self.manifest, "tgt")
-        self.vocab = vocab_info(self.src_vocab, self.tgt_vocab, self.manifest["joint_vocab"])
+        self.vocab = load_vocabularies(self.data_dir, self.manifest).info
         self.model_cfg = resolve(cfg.model)
         self.model = build_model(self.model_cfg, self.vocab).to(self.device)
         self.optimizer = make_optimizer(tc, self.model.parameters())
@@ -66,7 +76,10 @@ class Trainer:
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
         self.has_valid = "valid" in self.manifest["splits"]
         self.progress = Progress()
-        self._translator: Translator | None = None
+        self.valid_bleu = valid_bleu
+        if tc.valid_bleu and tc.run_validation and self.has_valid and valid_bleu is None:
+            log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
+                        "(xinda.evaluate.validation.validation_bleu builds one)")
 
     # ------------------------------------------------------------------ set-up and resume
     def prepare_output_dir(self, resume: bool) -> None:
@@ -177,7 +190,7 @@ class Trainer:
         summed NLL and target tokens. Gradients are normalised by target tokens."""
         tc = self.cfg.train
         self.model.train()
-        self.lr = learning_rate(tc, self.progress.step + 1, getattr(self.model_cfg, "d_model", 512),
+        self.lr = learning_rate(tc, self.progress.step + 1, self.model_cfg.model_dim,
                                 self.progress.lr_resets)
         set_lr(self.optimizer, self.lr)
         batches = [self.collate(idx) for idx in group]
@@ -238,7 +251,7 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Per-token validation loss/NLL and, if enabled, BLEU of greedy/beam translations."""
+        """Per-token validation loss/NLL and, with a ``valid_bleu`` scorer, BLEU."""
         self.model.eval()
         src, tgt = load_split(self.data_dir, "valid")
         loss_sum = nll_sum = tokens = 0
@@ -253,22 +266,10 @@ class Trainer:
             loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), \
                 tokens + b.ntokens
         scores = {"loss": loss_sum / tokens, "nll": nll_sum / tokens}
-        if self.cfg.train.valid_bleu:
-            scores["bleu"] = self.valid_bleu()
+        if self.valid_bleu is not None:
+            with autocast(self.precision, self.device):
+                scores["bleu"] = self.valid_bleu(self.model)
         return scores
-
-    def valid_bleu(self) -> float:
-        sources = list(read_lines(self.data_dir / "valid.src.txt"))
-        refs = list(read_lines(self.data_dir / "valid.tgt.txt"))
-        if self._translator is None:  # built once: it loads the manifest and vocabularies
-            self._translator = Translator(self.model, self.cfg, self.out)
-        translator = self._translator
-        with autocast(self.precision, self.device):
-            hyps = translator.translate_text(sources, beam=self.cfg.train.valid_beam)
-        return corpus_scores(hyps, refs, metrics=("bleu",), tokenize=self.bleu_tokenize())[0].score
-
-    def bleu_tokenize(self) -> str | None:
-        return "zh" if self.manifest["tgt_lang"].startswith("zh") else None
 
     def write_stats(self) -> None:
         p = self.progress

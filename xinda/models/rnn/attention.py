@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-SCORES = ("dot", "general", "concat", "cosine", "location")
-
 
 def dot_score(query: Tensor, memory: Tensor) -> Tensor:
     """Luong "dot": score(s, h) = s . h. query (B, T, H), memory (B, S, H) -> (B, T, S)."""
@@ -91,8 +89,8 @@ class SourceAttention(nn.Module):
     Gaussian of eq. 10 for local-p (local-m uses eq. 7 unchanged, as in the paper).
     """
 
-    def __init__(self, score: str, query_dim: int, memory_dim: int, window: str = "global",
-                 d: int = 10, max_positions: int = 1024):
+    def __init__(self, score: str, query_dim: int, memory_dim: int, window: str, d: int,
+                 max_positions: int):
         super().__init__()
         self.score, self.window, self.d = score, window, d
         if score == "general":

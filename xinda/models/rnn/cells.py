@@ -1,4 +1,4 @@
-"""Recurrent cells: the textbook equations, written out, beside PyTorch's fused modules.
+"""Recurrent cells: each cell's equations written out, beside PyTorch's fused modules.
 
 The readable cells take their weights in PyTorch's layout (``weight_ih`` (G*H, I), ``weight_hh``
 (G*H, H), gate blocks stacked in PyTorch's order), so the same numbers drive both paths and
@@ -13,7 +13,6 @@ import torch
 from torch import Tensor, nn
 
 FUSED = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
-GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # weight blocks per cell: LSTM i,f,g,o; GRU r,z,n
 
 
 def rnn_cell(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
@@ -122,7 +121,7 @@ def to_module_state(kind: str, parts: list[Tensor]):
 
 
 def init_rnn_(rnn: nn.RNNBase) -> None:
-    """Initialise as in the book: Xavier-uniform for each gate's weight matrix, biases 0, and the
+    """Xavier-uniform for each gate's weight matrix separately, biases 0, and the
     LSTM forget-gate bias 1 (Jozefowicz et al. 2015). nn.LSTM adds two bias vectors
     (b_ih + b_hh): b_ih's forget block is set to 1 and b_hh's to 0, so the effective bias is 1."""
     kind = cell_kind(rnn)

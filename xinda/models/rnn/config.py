@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from xinda.config import Strict
+from xinda.models.base import ModelConfig
 
 
-class RNNConfig(Strict):
+class RNNConfig(ModelConfig):
     arch: Literal["rnn"] = "rnn"
     cell: Literal["lstm", "gru", "rnn"] = "lstm"  # rnn = Elman tanh RNN
     embed_dim: int = Field(256, ge=1)
@@ -32,7 +32,10 @@ class RNNConfig(Strict):
     dropout: float = Field(0.2, ge=0, lt=1)  # embeddings, between layers, before the softmax
     share_embeddings: bool = True  # one source/target table, when the vocabulary is joint
     tie_output: bool = False  # output projection = target embeddings (needs embed = hidden)
-    max_positions: int = Field(1024, ge=16)  # location-attention table; search length cap
+
+    @property
+    def model_dim(self) -> int:
+        return self.hidden_dim
 
     def encoder_layout(self) -> list[tuple[int, int, bool]]:
         """(input width, output width, bidirectional) of each encoder layer."""

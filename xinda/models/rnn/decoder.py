@@ -148,7 +148,8 @@ class RNNDecoder(nn.Module):
         attention (B, T, S) or None. ``state`` is filled on the first call and updated."""
         if "hidden" not in state:
             state.update(self.initial_state(enc))
-        run = getattr(self, f"_{self.style}")
+        run = {"none": self._none, "bahdanau": self._bahdanau, "luong": self._luong,
+               "gnmt": self._gnmt}[self.style]
         outs, attns = [], []
         for x in emb.split(1, dim=1) if self.stepwise else [emb]:
             steps = torch.arange(x.size(1), device=x.device) + state["step"]  # (T,)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from xinda.models.base import Seq2SeqModel, VocabInfo, reorder_nested
+from xinda.data.vocab import VocabInfo
+from xinda.models.base import Seq2SeqModel, reorder_nested
 from xinda.models.layers import Dropout
 from xinda.models.rnn.config import RNNConfig
 from xinda.models.rnn.decoder import RNNDecoder

@@ -1,4 +1,9 @@
-"""Transformer family: registration and presets."""
+"""Transformer family: registration and presets.
+
+The deep presets follow ch. 15 of Xiao Tong and Zhu Jingbo 2021, *Machine Translation:
+Foundations and Models* ("textbook ch. 15"); the fusion presets, the information-transfer
+enhancement paper of ``connections`` ("fusion paper").
+"""
 
 from xinda.models.registry import register_architecture, register_preset
 from xinda.models.transformer.model import Transformer, TransformerConfig

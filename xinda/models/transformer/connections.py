@@ -5,10 +5,18 @@ sub-layer with its own residual connection. A connection runs the units in order
 what each unit reads:
 
 - ``run_plain``: the previous unit's output (the standard Transformer);
-- ``DenseConnection``: DLCL (Wang et al. 2019, textbook ch. 15) and its grouped form, a learned
-  linear combination of every earlier (group) output;
-- ``InformationFusion``: the information-transfer enhancement (fusion paper, eqs. 7-16), a
+- ``DenseConnection``: DLCL (Wang et al. 2019, "Learning deep Transformer models for machine
+  translation") and its grouped form, a learned linear combination of every earlier (group)
+  output, as in sec. 15.2 of the textbook (Xiao Tong and Zhu Jingbo 2021, *Machine
+  Translation: Foundations and Models*, ch. 15 "Neural machine translation structure
+  optimisation"), cited below as "textbook ch. 15";
+- ``InformationFusion``: layer- and sub-layer-wise information-transfer enhancement with a
+  retention gate, from the paper this project was seeded with (the "fusion paper": equation
+  numbers below are that paper's eqs. 7-16; docs/references.md says what is known of it), a
   gated merge of the current output with a fusion of all earlier outputs.
+
+Layer dropout, the third deep-network method, acts inside one sub-layer, so it lives in
+``xinda.models.layers`` (``SublayerConnection`` and ``skip_probability``).
 
 Everything is per position, so incremental decoding sees exactly what full decoding sees.
 Shapes: B batch, T length, D model width.

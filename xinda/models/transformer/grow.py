@@ -1,5 +1,6 @@
-"""Progressive training (textbook ch. 15; Li et al. 2020, "Shallow-to-deep training for neural
-machine translation"): copy a trained h-layer encoder into a deeper N-layer one (h < N <= 2h)
+"""Progressive training (Li et al. 2020, "Shallow-to-deep training for neural machine
+translation"; Xiao Tong and Zhu Jingbo 2021, *Machine Translation: Foundations and Models*,
+ch. 15): copy a trained h-layer encoder into a deeper N-layer one (h < N <= 2h)
 and keep training, instead of training the deep model from scratch.
 
 ``grow_encoder(old, new)`` fills ``new`` with ``old``'s parameters:
@@ -26,7 +27,7 @@ import re
 
 import torch
 
-from xinda.config import XindaError
+from xinda.errors import XindaError
 from xinda.models.transformer.model import Transformer, TransformerConfig
 
 _LAYER = re.compile(r"^encoder_layers\.(\d+)\.(.+)$")

@@ -1,5 +1,5 @@
 """The Transformer (Vaswani et al. 2017), composed from the shared layers, with the deep-network
-methods of textbook ch. 15 and the information-transfer fusion as options (all off by default).
+methods and the information-transfer fusion of ``connections`` as options (all off by default).
 
 Encoder layer: self-attention and FFN sub-layers; decoder layer: masked self-attention,
 encoder-decoder attention and FFN. Each sub-layer sits in a ``SublayerConnection`` (residual +
@@ -14,15 +14,21 @@ from typing import Literal
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from xinda.config import Strict
-from xinda.models.base import EncoderOut, Seq2SeqModel, VocabInfo, reorder_nested
-from xinda.models.layers import FeedForward, MultiHeadAttention, SublayerConnection, TokenEmbedding
+from xinda.data.vocab import VocabInfo
+from xinda.models.base import EncoderOut, ModelConfig, Seq2SeqModel, reorder_nested
+from xinda.models.layers import (
+    FeedForward,
+    MultiHeadAttention,
+    SublayerConnection,
+    TokenEmbedding,
+    skip_probability,
+)
 from xinda.models.transformer.connections import DenseConnection, InformationFusion, run_plain
 
 Side = Literal["none", "encoder", "decoder", "both"]
 
 
-class TransformerConfig(Strict):
+class TransformerConfig(ModelConfig):
     arch: Literal["transformer"] = "transformer"
     d_model: int = Field(512, ge=8)
     heads: int = Field(8, ge=1)
@@ -36,18 +42,21 @@ class TransformerConfig(Strict):
     norm: Literal["post", "pre"] = "post"  # where each sub-layer's LayerNorm sits
     share_embeddings: bool = True  # one source/target table, when the vocabulary is joint
     tie_output: bool = True  # output projection = target embedding matrix
-    max_positions: int = Field(1024, ge=16)
-    # Deep Transformers (textbook ch. 15).
+    # Deep Transformers (``connections`` and ``layers.SublayerConnection``).
     dense: Side = "none"  # DLCL on these stacks
     dense_every: int = Field(1, ge=1)  # p: aggregate every p layers (1 = DLCL)
     layer_dropout: float = Field(0.0, ge=0, lt=1)  # phi: sub-layer l of N skipped w.p. l/N*phi
     layer_dropout_side: Side = "both"
-    # Information-transfer enhancement (fusion paper): layer-wise, sub-layer-wise, or once
-    # after the last decoder layer ("last", decoder only).
+    # Information-transfer enhancement (``connections.InformationFusion``): layer-wise,
+    # sub-layer-wise, or once after the last decoder layer ("last", decoder only).
     fusion: Literal["none", "layer", "sublayer", "last"] = "none"
     fusion_function: Literal["mean", "linear"] = "mean"
     fusion_side: Side = "both"
     residual: bool = True  # False: no residual connections where sub-layer fusion runs
+
+    @property
+    def model_dim(self) -> int:
+        return self.d_model
 
     def uses(self, option: str, side: str) -> bool:
         """Does ``dense`` / ``layer_dropout`` / ``fusion`` apply to the encoder or decoder?"""
@@ -72,13 +81,6 @@ class TransformerConfig(Strict):
         if self.layer_dropout > 0 and self.layer_dropout_side == "none":
             raise ValueError("layer_dropout > 0 needs layer_dropout_side encoder/decoder/both")
         return self
-
-
-def skip_probability(index: int, total: int, phi: float) -> float:
-    """Layer dropout rate of sub-layer ``index`` (1-based) of ``total``: p_l = l / N * phi,
-    rising linearly from the bottom (textbook ch. 15; N = 2L in the encoder, 3L in the
-    decoder)."""
-    return index / total * phi
 
 
 def sublayer_connection(cfg: TransformerConfig, side: str, index: int,
@@ -136,12 +138,6 @@ class DecoderLayer(nn.Module):
                     x, lambda y: self.self_attn(y, causal=True, cache=self_cache))[0],
                 cross,
                 lambda x: self.ffn_sub(x, lambda y: (self.ffn(y), None))[0]]
-
-    def forward(self, x: Tensor, enc: EncoderOut, cache: dict | None,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        found: dict = {}
-        x = run_plain(x, self.sublayers(enc, cache, need_weights, found))
-        return x, found.get("attn")
 
 
 def make_connection(cfg: TransformerConfig, side: str, layers: int,

@@ -1,5 +1,7 @@
 """Checkpoints: safetensors weights + a torch file of training state, both written atomically.
 
+Below both ``xinda.train`` (which writes them) and ``xinda.decode`` (which loads weights).
+
 A model directory holds ``checkpoints/step_NNNNNNN.safetensors`` with its
 ``step_NNNNNNN.state.pt`` (optimizer, RNG, data position; written second, so a checkpoint is
 complete only when its state file exists), ``best.safetensors`` (best validation score) and
@@ -12,9 +14,9 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
-from xinda.config import XindaError
+from xinda.errors import XindaError
 from xinda.utils import atomic_save
 
 FORMAT_VERSION = 1
@@ -62,17 +64,24 @@ def list_checkpoints(model_dir: str | Path) -> list[Path]:
 
 
 def load_state(weights: Path) -> dict:
-    state = torch.load(weights.with_suffix(".state.pt"), map_location="cpu", weights_only=False)
-    return upgrade_state(state, weights)
-
-
-def upgrade_state(state: dict, path: Path) -> dict:
-    """Bring an older checkpoint state to FORMAT_VERSION (none older exists yet)."""
-    version = state.get("format_version", 0)
-    if version > FORMAT_VERSION:
-        raise XindaError(f"{path}: checkpoint format {version} is newer than this xinda "
-                         f"({FORMAT_VERSION}); upgrade xinda")
+    """The training state saved beside ``weights``, after checking its format version."""
+    path = weights.with_suffix(".state.pt")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    check_format(state, path)
     return state
+
+
+def check_format(state: dict, path: Path) -> None:
+    """Raise XindaError unless ``state`` was written in FORMAT_VERSION (the only format so far:
+    a newer one needs a newer xinda, anything else is not a xinda training state)."""
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if version == FORMAT_VERSION:
+        return
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise XindaError(f"{path}: checkpoint format {version} is newer than this xinda reads "
+                         f"({FORMAT_VERSION}); upgrade xinda")
+    raise XindaError(f"{path}: not a xinda training state of format {FORMAT_VERSION} "
+                     f"(format_version: {version!r})")
 
 
 def default_weights(model_dir: str | Path) -> Path:
@@ -96,6 +105,4 @@ def average_checkpoints(paths: list[Path], out: Path) -> None:
         for name, tensor in load_file(str(path)).items():
             total[name] = total.get(name, 0) + tensor.double()
     averaged = {name: (t / len(paths)).float() for name, t in total.items()}
-    from safetensors.torch import save_file
-
     atomic_save(out, lambda tmp: save_file(averaged, str(tmp)))

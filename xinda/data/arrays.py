@@ -1,0 +1,85 @@
+"""Binarised corpora: variable-length id sequences as two flat, memory-mappable numpy arrays.
+
+``{stem}.ids.npy`` (int32) holds every sentence's ids concatenated; ``{stem}.offsets.npy``
+(int64) holds n + 1 offsets, so sentence i is ``ids[offsets[i]:offsets[i + 1]]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from xinda.utils import atomic_path
+
+
+class TokenArrays:
+    """A list of variable-length id sequences stored as flat ``ids`` plus ``offsets``."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self.ids = ids
+        self.offsets = offsets
+        self._lengths: np.ndarray | None = None
+
+    @classmethod
+    def from_sequences(cls, seqs: Sequence[Sequence[int]]) -> TokenArrays:
+        lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=int(offsets[-1]))
+        return cls(ids, offsets)
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenArrays]) -> TokenArrays:
+        if not parts:
+            return cls.from_sequences([])
+        ids = np.concatenate([p.ids for p in parts])
+        lengths = np.concatenate([p.lengths for p in parts])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(ids.astype(np.int32, copy=False), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sentence index {i} out of range for {n} sentences")
+        i %= n
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Token count of every sentence (int64)."""
+        if self._lengths is None:
+            self._lengths = np.diff(self.offsets)
+        return self._lengths
+
+    def select(self, keep: np.ndarray) -> TokenArrays:
+        """The sentences where the boolean mask ``keep`` is true, in order."""
+        ids = self.ids[np.repeat(keep, self.lengths)]
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(self.lengths[keep], out=offsets[1:])
+        return TokenArrays(ids, offsets)
+
+    def save(self, directory: Path, stem: str) -> None:
+        _save_npy(directory / f"{stem}.ids.npy", self.ids.astype(np.int32, copy=False))
+        _save_npy(directory / f"{stem}.offsets.npy", self.offsets.astype(np.int64, copy=False))
+
+    @classmethod
+    def load(cls, directory: Path, stem: str) -> TokenArrays:
+        """Memory-mapped (read-only) arrays written by ``save``."""
+        ids = np.load(directory / f"{stem}.ids.npy", mmap_mode="r")
+        offsets = np.load(directory / f"{stem}.offsets.npy", mmap_mode="r")
+        return cls(ids, offsets)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a handle: np.save adds no suffix
+        np.save(f, array)
