@@ -41,7 +41,16 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import PAIRS, ROOT, SHARED, cached_result, experiment, timed, write_run_config
+from multi30k import (
+    PAIRS,
+    ROOT,
+    SHARED,
+    add_study_arguments,
+    cached_result,
+    experiment,
+    timed,
+    write_run_config,
+)
 
 from xinda.config import apply_overrides
 from xinda.evaluate.metrics import bleu_by_length, corpus_scores
@@ -223,15 +232,10 @@ def markdown(pair_name: str, rows: list[dict], budget: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget", type=float, default=300.0, help="training seconds per run")
+    add_study_arguments(ap, ROOT / "runs" / "ablation", "every run's")
     ap.add_argument("--pairs", default="en-de,zh-en", help=f"of {','.join(PAIRS)}")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
     ap.add_argument("--seeds", default="1,2,3", help="train.seed values")
-    ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "ablation")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    metavar="SECTION.KEY=VALUE",
-                    help="override every run's recipe, e.g. train.lr=7e-4 (YAML value)")
     args = ap.parse_args()
     pairs = [p for p in args.pairs.split(",") if p]
     systems = [s for s in args.systems.split(",") if s]

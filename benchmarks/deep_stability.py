@@ -48,19 +48,19 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import PAIRS, ROOT, SHARED, cached_result, experiment, timed, write_run_config
+import multi30k as bench
 
 from xinda.config import apply_overrides
 from xinda.evaluate.metrics import corpus_scores
 from xinda.train.curves import read_log
 from xinda.utils import read_lines
 
-PAIR = PAIRS["en-de"]
+PAIR = bench.PAIRS["en-de"]
 NORMS = ("post", "pre")
 
 
 def stability_config(run_dir: Path, data_bin: Path, norm: str, args) -> dict:
-    cfg = experiment(PAIR, run_dir, args.budget, args.run_threads)
+    cfg = bench.experiment(PAIR, run_dir, args.budget, args.run_threads)
     cfg["data"]["out_dir"] = str(data_bin)
     cfg["model"] = {"preset": "transformer-small", "encoder_layers": args.layers,
                     "decoder_layers": 3, "norm": norm}
@@ -95,20 +95,20 @@ def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
     run_dir = work / f"{norm}-norm"
     result_path = run_dir / "result.json"
     cfg = stability_config(run_dir, data_bin, norm, args)
-    if (result := cached_result(result_path, cfg, f"{norm}-norm:")) is not None:
+    if (result := bench.cached_result(result_path, cfg, f"{norm}-norm:")) is not None:
         print(f"{norm}-norm: cached", flush=True)
         return result
-    cfg_path = write_run_config(run_dir, cfg)
+    cfg_path = bench.write_run_config(run_dir, cfg)
     xinda = [sys.executable, "-m", "xinda.cli"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)
     print(f"{norm}-norm: training {args.layers}+3 layers for {args.budget:g} s", flush=True)
-    timed([*xinda, "train", str(cfg_path)], run_dir / "train.log")
+    bench.timed([*xinda, "train", str(cfg_path)], run_dir / "train.log")
     stats = json.loads((run_dir / "model" / "train_stats.json").read_text())
     rows = [r for r in read_log(run_dir / "model" / "log.csv") if "train_loss" in r]
 
-    test = SHARED / PAIR["corpus"] / PAIR["test"]
+    test = bench.SHARED / PAIR["corpus"] / PAIR["test"]
     hyp = run_dir / f"{PAIR['test']}.hyp"
-    timed([*xinda, "translate", str(run_dir / "model"), "-i", f"{test}.{PAIR['src']}",
+    bench.timed([*xinda, "translate", str(run_dir / "model"), "-i", f"{test}.{PAIR['src']}",
            "-o", str(hyp), "--beam", str(args.beam), "--threads", str(args.run_threads)],
           run_dir / "translate.log")
     hyps = list(read_lines(hyp))
@@ -204,28 +204,24 @@ def table(results: list[dict], args, floor: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    bench.add_study_arguments(ap, bench.ROOT / "runs" / "deep-stability", "both runs'")
     ap.add_argument("--layers", type=int, default=24, help="encoder layers (decoder: 3)")
-    ap.add_argument("--budget", type=float, default=300.0, help="training seconds per run")
     ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate")
     ap.add_argument("--warmup", type=int, default=1000, help="warm-up updates")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=20, help="updates per log.csv row")
     ap.add_argument("--beam", type=int, default=5, help="test decoding beam (1 = greedy)")
-    ap.add_argument("--png", type=Path, default=ROOT / "docs" / "results" / "deep-stability.png")
-    ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "deep-stability")
+    ap.add_argument("--png", type=Path,
+                    default=bench.ROOT / "docs" / "results" / "deep-stability.png")
     ap.add_argument("--data-bin", type=Path, default=None,
                     help="prepared Multi30k en-de data to reuse (default: WORKDIR/data-bin, "
                          "prepared if missing)")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", action="store_true",
                     help="run post- and pre-norm at once, threads/2 each")
-    ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    metavar="SECTION.KEY=VALUE",
-                    help="override both runs' recipe, e.g. train.clip_norm=1.0 (YAML value)")
     args = ap.parse_args()
     args.run_threads = max(1, args.threads // 2) if args.parallel else args.threads
-    if not (SHARED / PAIR["corpus"]).is_dir():
-        print(f"skipped: {SHARED / PAIR['corpus']} not found (set XINDA_SHARED_DATA)")
+    if not (bench.SHARED / PAIR["corpus"]).is_dir():
+        print(f"skipped: {bench.SHARED / PAIR['corpus']} not found (set XINDA_SHARED_DATA)")
         return
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -236,7 +232,8 @@ def main() -> None:
         cfg_path = work / "prepare.yaml"
         cfg_path.write_text(yaml.safe_dump(stability_config(work, data_bin, "pre", args)))
         print(f"preparing data -> {data_bin}", flush=True)
-        timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)], work / "prepare.log")
+        bench.timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)],
+                    work / "prepare.log")
 
     if args.parallel:  # the runs are subprocesses: threads here only wait for them
         with ThreadPoolExecutor(len(NORMS)) as pool:

@@ -73,6 +73,17 @@ def write_run_config(run_dir: Path, cfg: dict) -> Path:
     return cfg_path
 
 
+def add_study_arguments(ap: argparse.ArgumentParser, workdir: Path, runs: str) -> None:
+    """The options every training study shares: --budget, --workdir, --threads and --set
+    (``runs`` names whose recipe --set overrides, for its help text)."""
+    ap.add_argument("--budget", type=float, default=300.0, help="training seconds per run")
+    ap.add_argument("--workdir", type=Path, default=workdir)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="SECTION.KEY=VALUE",
+                    help=f"override {runs} recipe, e.g. train.lr=7e-4 (YAML value)")
+
+
 def timed(cmd: list[str], log_path: Path) -> dict:
     """Run cmd under /usr/bin/time -v; return wall seconds and peak RSS (MB)."""
     time_file = log_path.with_suffix(".time")

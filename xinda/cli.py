@@ -201,11 +201,12 @@ def demo(
         help="where data and model go [default: the demo config's, xinda-demo]")] = None,
     seconds: Annotated[float | None, typer.Option(
         help="training budget in seconds [default: the demo config's]")] = None,
+    set_: SetOpt = None,
 ) -> None:
     """Generate a number-words -> digits task, train a small Transformer, translate and score."""
     from xinda.demo.run import run_demo
 
-    run_demo(workdir, seconds)
+    run_demo(workdir, seconds, set_ or [])
 
 
 def main() -> None:

@@ -63,5 +63,6 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
             bad = raw[err.start:err.start + 1]
-            raise XindaError(f"{name}:{lineno}: invalid UTF-8 (byte {err.start}: {bad!r})") from None
+            raise XindaError(f"{name}:{lineno}: invalid UTF-8 (byte {err.start}: {bad!r})"
+                             ) from None
         yield line.rstrip("\r\n")

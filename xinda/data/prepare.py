@@ -5,7 +5,7 @@ Output directory layout (``cfg.out_dir``)::
     spm.model | spm.src.model + spm.tgt.model     sentencepiece model(s)
     {split}.{side}.ids.npy                        int32, every sentence's piece ids concatenated
     {split}.{side}.offsets.npy                    int64, n+1 offsets: sentence i = ids[o[i]:o[i+1]]
-    {split}.{side}.txt                            valid/test only: the raw lines (BLEU refs, sources)
+    {split}.{side}.txt                            valid/test only: the raw lines (refs, sources)
     manifest.json                                 written last: a directory with one is complete
 
 ``side`` is ``src`` or ``tgt``; ``split`` is ``train``, ``valid`` or a test-set name.

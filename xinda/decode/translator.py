@@ -71,8 +71,9 @@ class Translator:
                   **options) -> list[list[Translation]]:
         """Translate ``lines``; returns, for each line, its n-best list (best first).
 
-        ``options`` override the model's decode settings: beam, alpha, coverage, nbest,
-        max_len_a, max_len_b, batch_size. input/output_format "pieces" reads/writes sentencepiece pieces.
+        ``options`` override fields of the model's ``DecodeConfig`` (beam, alpha, coverage,
+        nbest, max_len_a, max_len_b, batch_size, precision). input/output_format "pieces"
+        reads/writes sentencepiece pieces.
         """
         dec = DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
         sources = [self.encode_source(line, input_format == "pieces") if line.strip() else None

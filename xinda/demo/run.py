@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from xinda.config import ExperimentConfig, load_config
@@ -24,9 +25,11 @@ from xinda.utils import read_lines
 DEMO_CONFIG = Path(__file__).with_name("numbers.yaml")
 
 
-def demo_config(workdir: Path | None = None, seconds: float | None = None) -> ExperimentConfig:
+def demo_config(workdir: Path | None = None, seconds: float | None = None,
+                overrides: Sequence[str] = ()) -> ExperimentConfig:
     """The demo's config; ``workdir`` replaces the folder its paths live in (that of
-    ``train.out_dir``), ``seconds`` its ``train.max_seconds``."""
+    ``train.out_dir``), ``seconds`` its ``train.max_seconds``; ``overrides`` are ``--set``
+    strings applied last."""
     cfg = load_config(DEMO_CONFIG)
     home = Path(cfg.train.out_dir).parent
 
@@ -34,25 +37,29 @@ def demo_config(workdir: Path | None = None, seconds: float | None = None) -> Ex
         return path if workdir is None else str(Path(workdir) / Path(path).relative_to(home))
 
     data = cfg.data
-    overrides = [f"data.{name}={moved(getattr(data, name))}" for name in ("train", "valid",
-                                                                         "out_dir")]
-    overrides += [f"data.test.{name}={moved(prefix)}" for name, prefix in data.test.items()]
-    overrides.append(f"train.out_dir={moved(cfg.train.out_dir)}")
+    moves = [f"data.{name}={moved(getattr(data, name))}" for name in ("train", "valid",
+                                                                     "out_dir")]
+    moves += [f"data.test.{name}={moved(prefix)}" for name, prefix in data.test.items()]
+    moves.append(f"train.out_dir={moved(cfg.train.out_dir)}")
     if seconds is not None:
-        overrides.append(f"train.max_seconds={seconds}")
-    return load_config(DEMO_CONFIG, overrides)
+        moves.append(f"train.max_seconds={seconds}")
+    return load_config(DEMO_CONFIG, [*moves, *overrides])
 
 
-def run_demo(workdir: Path | None = None, seconds: float | None = None) -> dict[str, float]:
+def run_demo(workdir: Path | None = None, seconds: float | None = None,
+             overrides: Sequence[str] = ()) -> dict[str, float]:
     """Generate, prepare, train and translate; print and return exact match, BLEU, updates."""
-    cfg = demo_config(workdir, seconds)
+    cfg = demo_config(workdir, seconds, overrides)
     raw = Path(cfg.data.train).parent
     for folder in (raw, Path(cfg.data.out_dir), Path(cfg.train.out_dir)):
         shutil.rmtree(folder, ignore_errors=True)
     write_demo_corpus(raw)
     print(f"1/3 prepare: {DEMO_SPLITS['train']} generated pairs of number words -> digits")
     prepare(cfg.data)
-    print(f"2/3 train {cfg.model['preset']} for {cfg.train.max_seconds:.0f} s")
+    limits = [f"{cfg.train.max_seconds:g} s" if cfg.train.max_seconds else "",
+              f"{cfg.train.max_steps} updates" if cfg.train.max_steps else ""]
+    print(f"2/3 train {cfg.model.get('preset', cfg.model.get('arch'))} for "
+          f"{' or '.join(x for x in limits if x) or f'{cfg.train.max_epochs} epochs'}")
     progress = Trainer(cfg).train()
     print(f"    {progress.step} updates, {progress.tgt_tokens / progress.train_seconds:.0f} "
           f"target tokens/s")

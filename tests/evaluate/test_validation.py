@@ -1,0 +1,94 @@
+"""Validation BLEU built above training and decoding, and handed to the Trainer."""
+
+from __future__ import annotations
+
+import csv
+import logging
+
+import pytest
+import torch
+
+from xinda.config import ExperimentConfig
+from xinda.data.manifest import load_vocabularies
+from xinda.data.prepare import prepare
+from xinda.decode.translator import Translator
+from xinda.demo.numbers import write_demo_corpus
+from xinda.evaluate.metrics import corpus_scores
+from xinda.evaluate.validation import bleu_tokenizer, validation_bleu
+from xinda.models.registry import build_model
+from xinda.train.trainer import Trainer
+from xinda.utils import read_lines
+
+TINY = {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1,
+        "decoder_layers": 1}
+
+
+def experiment(root, with_valid: bool = True, **train) -> ExperimentConfig:
+    raw = write_demo_corpus(root / "raw", {"train": 60, "valid": 8, "test": 4})
+    return ExperimentConfig.model_validate({
+        "data": {"src_lang": "words", "tgt_lang": "digits", "train": raw["train"],
+                 "valid": raw["valid"] if with_valid else None, "out_dir": str(root / "bin"),
+                 "vocab_size": 40, "normalize": "none", "pretok_tgt": "char"},
+        "model": TINY,
+        "train": {"out_dir": str(root / "model"), "progress": False, "valid_beam": 2, **train},
+        "decode": {"max_len_a": 0.0, "max_len_b": 8}})
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory) -> ExperimentConfig:
+    cfg = experiment(tmp_path_factory.mktemp("valid"))
+    prepare(cfg.data, log=lambda _: None)
+    return cfg
+
+
+def test_scores_the_validation_translations_with_sacrebleu(cfg):
+    torch.manual_seed(0)
+    vocabs = load_vocabularies(cfg.data.out_dir)
+    model = build_model(cfg.model, vocabs.info)
+    score = validation_bleu(cfg)(model)
+    sources = list(read_lines(f"{cfg.data.out_dir}/valid.src.txt"))
+    refs = list(read_lines(f"{cfg.data.valid}.digits"))
+    hyps = Translator(model, cfg, vocabs).translate_text(sources, beam=2)  # train.valid_beam
+    assert score == corpus_scores(hyps, refs, metrics=("bleu",))[0].score
+
+
+def test_none_when_no_validation_bleu_is_asked_for(cfg):
+    for off in ({"valid_bleu": False}, {"run_validation": False}):
+        assert validation_bleu(cfg.model_copy(update={"train": cfg.train.model_copy(
+            update=off)})) is None
+
+
+def test_none_without_a_validation_split(tmp_path):
+    cfg = experiment(tmp_path, with_valid=False)
+    prepare(cfg.data, log=lambda _: None)
+    assert validation_bleu(cfg) is None
+
+
+def test_chinese_targets_are_scored_with_the_zh_tokenizer():
+    assert bleu_tokenizer("zh") == "zh" and bleu_tokenizer("zh-Hans") == "zh"
+    assert bleu_tokenizer("en") is None and bleu_tokenizer("digits") is None
+
+
+def test_trainer_warns_when_bleu_is_asked_for_but_no_scorer_given(cfg, caplog):
+    with caplog.at_level(logging.WARNING, logger="xinda"):
+        Trainer(cfg)
+    assert "train.valid_bleu is on but no BLEU scorer was given" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="xinda"):
+        Trainer(cfg, valid_bleu=validation_bleu(cfg))
+    assert "no BLEU scorer" not in caplog.text
+
+
+def test_the_trainer_logs_the_scorers_bleu(cfg, tmp_path):
+    calls = []
+
+    def fake_bleu(model) -> float:
+        calls.append(model.training)
+        return 42.0
+
+    train = cfg.train.model_copy(update={"out_dir": str(tmp_path / "m"), "max_epochs": 1})
+    Trainer(cfg.model_copy(update={"train": train}), valid_bleu=fake_bleu).train()
+    assert calls == [False]  # once, at the epoch's end, in eval mode
+    with open(tmp_path / "m" / "log.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["valid_bleu"]) for r in rows if r["valid_bleu"]] == [42.0]

@@ -1,0 +1,60 @@
+"""Checkpoint files: weights + state written together, and the state's format version checked
+before anything is loaded from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from xinda.checkpoint import (
+    FORMAT_VERSION,
+    check_format,
+    list_checkpoints,
+    load_state,
+    load_weights,
+    save_checkpoint,
+)
+from xinda.errors import XindaError
+
+
+def test_state_round_trips_with_its_format_version(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    weights = save_checkpoint(tmp_path, 7, model, {"progress": {"step": 7}}, keep_last=2)
+    assert list_checkpoints(tmp_path) == [weights]
+    state = load_state(weights)
+    assert state == {"format_version": FORMAT_VERSION, "progress": {"step": 7}}
+    other = torch.nn.Linear(3, 2)
+    load_weights(other, weights)
+    assert torch.equal(other.weight, model.weight) and torch.equal(other.bias, model.bias)
+
+
+def test_keep_last_deletes_older_checkpoints_with_their_states(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    for step in (1, 2, 3, 4):
+        save_checkpoint(tmp_path, step, model, {}, keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000003.safetensors",
+                                                            "step_0000004.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.state.pt")) == [
+        "step_0000003.state.pt", "step_0000004.state.pt"]
+
+
+def test_a_newer_format_asks_for_a_newer_xinda():
+    with pytest.raises(XindaError, match=rf"format {FORMAT_VERSION + 1} is newer .* upgrade xinda"):
+        check_format({"format_version": FORMAT_VERSION + 1}, Path("x.state.pt"))
+
+
+@pytest.mark.parametrize("state", [{}, {"format_version": 0}, {"format_version": "1"}, [1, 2]],
+                         ids=["missing", "zero", "string", "not-a-dict"])
+def test_anything_else_is_not_a_training_state(state):
+    with pytest.raises(XindaError, match=r"x\.state\.pt: not a xinda training state"):
+        check_format(state, Path("x.state.pt"))
+
+
+def test_load_state_refuses_a_state_of_another_format(tmp_path):
+    weights = save_checkpoint(tmp_path, 1, torch.nn.Linear(2, 2), {}, keep_last=1)
+    torch.save({"format_version": FORMAT_VERSION + 1}, weights.with_suffix(".state.pt"))
+    with pytest.raises(XindaError, match="step_0000001.state.pt: checkpoint format"):
+        load_state(weights)
