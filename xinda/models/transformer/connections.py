@@ -7,9 +7,8 @@ what each unit reads:
 - ``run_plain``: the previous unit's output (the standard Transformer);
 - ``DenseConnection``: DLCL (Wang et al. 2019, "Learning deep Transformer models for machine
   translation") and its grouped form, a learned linear combination of every earlier (group)
-  output, as in sec. 15.2 of the textbook (Xiao Tong and Zhu Jingbo 2021, *Machine
-  Translation: Foundations and Models*, ch. 15 "Neural machine translation structure
-  optimisation"), cited below as "textbook ch. 15";
+  output, as in ch. 15 of the textbook (Xiao Tong and Zhu Jingbo 2021, *Machine Translation:
+  Foundations and Models*), cited below as "textbook ch. 15";
 - ``InformationFusion``: layer- and sub-layer-wise information-transfer enhancement with a
   retention gate, from the paper this project was seeded with (the "fusion paper": equation
   numbers below are that paper's eqs. 7-16; docs/references.md says what is known of it), a
