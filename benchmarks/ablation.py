@@ -48,6 +48,7 @@ from multi30k import (
     add_study_arguments,
     cached_result,
     experiment,
+    markdown_table,
     timed,
     write_run_config,
 )
@@ -217,17 +218,15 @@ def markdown(pair_name: str, rows: list[dict], budget: float) -> str:
          f"{pair['src']} source; train loss (label-smoothed, mean over seeds) at the latest "
          "logged update that every run reached, to compare learning per update"),
         "",
-        f"| system | params | seeds | BLEU (mean ± std) | updates | tok/s | loss @ {at} upd. | "
-        + " | ".join(f"BLEU {b} ({sentences[b]} sent.)" for b in buckets) + " |",
-        "|---|---|---|---|---|---|---|" + "---|" * len(buckets),
     ]
-    for r in rows:
-        by_len = " | ".join(f"{r['bleu_by_length'][b]:.2f}" if b in r["bleu_by_length"] else "–"
-                            for b in buckets)
-        lines.append(f"| {r['system']} | {r['params']:,} | {len(r['seeds'])} | "
-                     f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f} | {r['updates_mean']} | "
-                     f"{r['tok_per_s_mean']} | {_loss(r['loss_at'])} | {by_len} |")
-    return "\n".join(lines)
+    header = ["system", "params", "seeds", "BLEU (mean ± std)", "updates", "tok/s",
+              f"loss @ {at} upd.", *(f"BLEU {b} ({sentences[b]} sent.)" for b in buckets)]
+    body = [[r["system"], f"{r['params']:,}", len(r["seeds"]),
+             f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f}", r["updates_mean"],
+             r["tok_per_s_mean"], _loss(r["loss_at"]),
+             *(f"{r['bleu_by_length'][b]:.2f}" if b in r["bleu_by_length"] else "–"
+               for b in buckets)] for r in rows]
+    return "\n".join(lines + markdown_table(header, body))
 
 
 def main() -> None:

@@ -192,14 +192,13 @@ def table(results: list[dict], args, floor: float) -> str:
          f"\"stalls\" if not, \"diverges\" if not finite; first loss: {first_row}. "
          f"BLEU: sacreBLEU on test2016, {decode}."),
         "",
-        "| norm | params | updates | tok/s | first loss | final loss | min loss | BLEU | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        lines.append(f"| {r['norm']} | {r['params']:,} | {r['updates']} | {r['tok_per_s']:.0f} | "
-                     f"{_fmt(r['first_loss'])} | {_fmt(r['final_loss'])} | "
-                     f"{_fmt(r['min_loss'])} | {r['bleu']:.2f} | {r['verdict']} |")
-    return "\n".join(lines)
+    header = ["norm", "params", "updates", "tok/s", "first loss", "final loss", "min loss",
+              "BLEU", "verdict"]
+    body = [[r["norm"], f"{r['params']:,}", r["updates"], f"{r['tok_per_s']:.0f}",
+             _fmt(r["first_loss"]), _fmt(r["final_loss"]), _fmt(r["min_loss"]),
+             f"{r['bleu']:.2f}", r["verdict"]] for r in results]
+    return "\n".join(lines + bench.markdown_table(header, body))
 
 
 def main() -> None:

@@ -73,6 +73,14 @@ def write_run_config(run_dir: Path, cfg: dict) -> Path:
     return cfg_path
 
 
+def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
+    """Lines of a Markdown table: the header row, its rule, one line per row."""
+    def line(row: list[object]) -> str:
+        return "| " + " | ".join(map(str, row)) + " |"
+
+    return [line(header), "|" + "---|" * len(header), *map(line, rows)]
+
+
 def add_study_arguments(ap: argparse.ArgumentParser, workdir: Path, runs: str) -> None:
     """The options every training study shares: --budget, --workdir, --threads and --set
     (``runs`` names whose recipe --set overrides, for its help text)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import PAIRS, ROOT, SHARED, experiment, timed
+from multi30k import PAIRS, ROOT, SHARED, experiment, markdown_table, timed
 
 from xinda.config import apply_overrides
 
@@ -90,11 +90,10 @@ def main() -> None:
         rows.append(run_preset(args.workdir / preset, preset, args.budget, args.threads,
                                args.overrides))
         print(json.dumps(rows[-1]), flush=True)
-    print("\n| preset | params | updates | train tok/s | BLEU test2016 | BLEU + coverage |\n"
-          "|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['preset']} | {r['params']:,} | {r['updates']} | {r['tok_per_s']} | "
-              f"{r['bleu']} | {r['bleu_cp'] if r['bleu_cp'] is not None else '–'} |")
+    header = ["preset", "params", "updates", "train tok/s", "BLEU test2016", "BLEU + coverage"]
+    body = [[r["preset"], f"{r['params']:,}", r["updates"], r["tok_per_s"], r["bleu"],
+             r["bleu_cp"] if r["bleu_cp"] is not None else "–"] for r in rows]
+    print("", *markdown_table(header, body), sep="\n")
     (args.workdir / "table.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from xinda.config import DecodeConfig
-from xinda.data.vocab import VocabInfo
 from xinda.decode.search import beam_search, coverage_penalty, length_penalty
-from xinda.models.registry import build_model
 
 
 def test_coverage_penalty_hand_example_ignores_padding():
@@ -21,15 +19,14 @@ def test_coverage_penalty_hand_example_ignores_padding():
     assert coverage_penalty(attention, keep, 0.0) == 0.0
 
 
-def test_beam_search_ranks_with_length_and_coverage_penalty():
-    torch.manual_seed(0)
-    vocab = VocabInfo(20, 20, 0, 2, 3, True)
-    model = build_model({"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
-                         "encoder_layers": 1, "decoder_layers": 1, "tie_output": False},
-                        vocab).eval()
+def test_beam_search_ranks_with_length_and_coverage_penalty(make_model, make_vocab):
+    model = make_model({"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
+                        "encoder_layers": 1, "decoder_layers": 1, "tie_output": False},
+                       seed=0, vocab=make_vocab(src_size=20, tgt_size=20))
     src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
     beta, alpha = 0.3, 0.6
-    results = beam_search(model, src, DecodeConfig(beam=3, alpha=alpha, nbest=3, coverage=beta, max_len_b=6))
+    results = beam_search(model, src, DecodeConfig(beam=3, alpha=alpha, nbest=3, coverage=beta,
+                                                   max_len_b=6))
     for row, hyps in enumerate(results):
         keep = src[row].ne(0)
         for h in hyps:

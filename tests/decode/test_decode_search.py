@@ -11,33 +11,19 @@ import pytest
 import torch
 
 from xinda.config import DecodeConfig
-from xinda.data.vocab import VocabInfo
 from xinda.decode.search import beam_search, greedy_search, length_penalty, max_lengths
-from xinda.models.registry import build_model
 
-PAD, BOS, EOS, V = 0, 2, 3, 30
-VOCAB = VocabInfo(src_size=V, tgt_size=V, pad=PAD, bos=BOS, eos=EOS, joint=True)
 TINY = {"arch": "transformer", "d_model": 32, "heads": 4, "ffn_dim": 64,
         "encoder_layers": 2, "decoder_layers": 2, "tie_output": False}
 
 
-def tiny_model(seed=0, eos_bias=1.0, vocab=VOCAB, **overrides):
-    torch.manual_seed(seed)
-    model = build_model({**TINY, **overrides}, vocab).eval()
-    bias = torch.zeros(vocab.tgt_size)
-    bias[vocab.eos] = eos_bias
-    model.output.bias = torch.nn.Parameter(bias)
-    return model
-
-
-def src_batch(lengths, seed=0, width=None, low=4, eos=EOS):
-    """Right-padded random sources; ``lengths`` count the final EOS."""
-    gen = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), width or max(lengths)), PAD)
-    for row, n in enumerate(lengths):
-        src[row, : n - 1] = torch.randint(low, V, (n - 1,), generator=gen)
-        src[row, n - 1] = eos
-    return src
+@pytest.fixture
+def tiny_model(make_model):
+    """``tiny_model(seed=0, eos_bias=1.0, vocab=None, **overrides)``: the TINY Transformer
+    with a bias of ``eos_bias`` on the EOS logit."""
+    def make(seed: int = 0, eos_bias: float = 1.0, **overrides):
+        return make_model(TINY, seed, eos_bias=eos_bias, **overrides)
+    return make
 
 
 LENGTHS = [8, 3, 5, 8, 1, 6]
@@ -106,9 +92,9 @@ def test_max_lengths_is_a_times_len_plus_b_capped():
 # --- greedy vs beam -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_beam_of_one_equals_greedy(seed):
+def test_beam_of_one_equals_greedy(seed, tiny_model, make_src):
     model = tiny_model(seed)
-    src = src_batch(LENGTHS, seed)
+    src = make_src(LENGTHS, seed)
     greedy = greedy_search(model, src, DecodeConfig(alpha=0.6))
     beam = beam_search(model, src, DecodeConfig(beam=1, alpha=0.6))
     assert len(greedy) == len(beam) == len(LENGTHS)
@@ -121,11 +107,12 @@ def test_beam_of_one_equals_greedy(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_batched_beam_search_matches_unbatched_reference(seed):
+def test_batched_beam_search_matches_unbatched_reference(seed, tiny_model, make_src):
     model = tiny_model(seed)
-    src = src_batch(LENGTHS, seed)
+    src = make_src(LENGTHS, seed)
     for k, alpha in ((3, 0.0), (4, 1.0)):
-        got = beam_search(model, src, DecodeConfig(beam=k, alpha=alpha, nbest=k, max_len_a=1.0, max_len_b=5))
+        config = DecodeConfig(beam=k, alpha=alpha, nbest=k, max_len_a=1.0, max_len_b=5)
+        got = beam_search(model, src, config)
         with torch.no_grad():
             for row in range(len(LENGTHS)):
                 ref = reference_beam_search(model, src[row], k, alpha, 1.0, 5)
@@ -135,9 +122,9 @@ def test_batched_beam_search_matches_unbatched_reference(seed):
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_batch_rows_are_independent(beam):
+def test_batch_rows_are_independent(beam, tiny_model, make_src):
     model = tiny_model(1)
-    src = src_batch(LENGTHS, 1)
+    src = make_src(LENGTHS, 1)
     together = beam_search(model, src, DecodeConfig(beam=beam, nbest=beam))
     greedy_together = greedy_search(model, src, DecodeConfig())
     for row, n in enumerate(LENGTHS):
@@ -145,19 +132,21 @@ def test_batch_rows_are_independent(beam):
         assert [h.tokens for h in alone] == [h.tokens for h in together[row]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[row]],
                                                          abs=1e-4)
-        assert greedy_search(model, src[row:row + 1, :n], DecodeConfig())[0].tokens == greedy_together[row].tokens
+        greedy_alone = greedy_search(model, src[row:row + 1, :n], DecodeConfig())[0]
+        assert greedy_alone.tokens == greedy_together[row].tokens
 
 
-def test_wide_beam_is_exhaustive_and_beats_greedy():
+def test_wide_beam_is_exhaustive_and_beats_greedy(tiny_model, make_src, make_vocab):
     """Two real target tokens and at most 3 tokens + EOS: 15 possible outputs. A beam of 16
     holds every prefix, so beam search lists every output with its exact log-probability, and
     its best is the true optimum (hence at least greedy's)."""
-    vocab = VocabInfo(src_size=V, tgt_size=5, pad=0, bos=1, eos=2, joint=False)
+    vocab = make_vocab(tgt_size=5, bos=1, eos=2, joint=False)
     model = tiny_model(3, eos_bias=0.0, vocab=vocab)
-    src = src_batch([5, 3], 3, eos=2)
+    src = make_src([5, 3], 3, vocab=vocab)
     outputs = [list(seq) for n in range(4) for seq in itertools.product([3, 4], repeat=n)]
     for alpha in (0.0, 1.0):
-        beams = beam_search(model, src, DecodeConfig(beam=16, alpha=alpha, nbest=16, max_len_a=0.0, max_len_b=4))
+        beams = beam_search(model, src, DecodeConfig(beam=16, alpha=alpha, nbest=16,
+                                                     max_len_a=0.0, max_len_b=4))
         greedy = greedy_search(model, src, DecodeConfig(alpha=alpha, max_len_a=0.0, max_len_b=4))
         for row in range(2):
             exact = {tuple(y): teacher_forced_logprob(model, src[row], y) for y in outputs}
@@ -172,13 +161,13 @@ def test_wide_beam_is_exhaustive_and_beats_greedy():
                 assert beams[row][0].logprob >= greedy[row].logprob - 1e-4
 
 
-def test_beam_best_is_usually_no_worse_than_greedy():
+def test_beam_best_is_usually_no_worse_than_greedy(tiny_model, make_src):
     """Not an invariant (beam search can prune the greedy path), but it should hold on most
     sentences at alpha = 0, where both rank by raw log-probability."""
     wins = total = 0
     for seed in range(3):
         model = tiny_model(seed)
-        src = src_batch(LENGTHS, seed)
+        src = make_src(LENGTHS, seed)
         greedy = greedy_search(model, src, DecodeConfig(alpha=0.0))
         beam = beam_search(model, src, DecodeConfig(beam=5, alpha=0.0))
         for g, b in zip(greedy, beam):
@@ -190,9 +179,9 @@ def test_beam_best_is_usually_no_worse_than_greedy():
 # --- hypotheses -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("nbest", [1, 3, 4])
-def test_nbest_has_nbest_entries_sorted_by_score(nbest):
+def test_nbest_has_nbest_entries_sorted_by_score(nbest, tiny_model, make_src):
     model = tiny_model(2)
-    src = src_batch(LENGTHS, 2)
+    src = make_src(LENGTHS, 2)
     for hyps in beam_search(model, src, DecodeConfig(beam=4, alpha=1.0, nbest=nbest)):
         assert len(hyps) == nbest
         scores = [h.score for h in hyps]
@@ -201,10 +190,11 @@ def test_nbest_has_nbest_entries_sorted_by_score(nbest):
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_score_is_logprob_over_length_penalty(alpha):
+def test_score_is_logprob_over_length_penalty(alpha, tiny_model, make_src):
     model = tiny_model(0)
-    src = src_batch(LENGTHS, 0)
-    hyps = [h for row in beam_search(model, src, DecodeConfig(beam=3, alpha=alpha, nbest=3)) for h in row]
+    src = make_src(LENGTHS, 0)
+    beams = beam_search(model, src, DecodeConfig(beam=3, alpha=alpha, nbest=3))
+    hyps = [h for row in beams for h in row]
     hyps += greedy_search(model, src, DecodeConfig(alpha=alpha))
     for h in hyps:
         assert h.score == pytest.approx(h.logprob / length_penalty(len(h.tokens) + 1, alpha),
@@ -212,14 +202,14 @@ def test_score_is_logprob_over_length_penalty(alpha):
         assert h.logprob < 0
 
 
-def test_logprob_is_model_probability_of_tokens_plus_eos():
+def test_logprob_is_model_probability_of_tokens_plus_eos(tiny_model, make_src, vocab):
     model = tiny_model(1)
-    src = src_batch(LENGTHS, 1)
+    src = make_src(LENGTHS, 1)
     beams = beam_search(model, src, DecodeConfig(beam=3, nbest=3))
     greedy = greedy_search(model, src, DecodeConfig())
     for row in range(len(LENGTHS)):
         for h in beams[row] + [greedy[row]]:
-            assert BOS not in h.tokens and EOS not in h.tokens and PAD not in h.tokens
+            assert not {vocab.bos, vocab.eos, vocab.pad} & set(h.tokens)
             assert h.logprob == pytest.approx(teacher_forced_logprob(model, src[row], h.tokens),
                                               abs=1e-3)
 
@@ -227,13 +217,15 @@ def test_logprob_is_model_probability_of_tokens_plus_eos():
 # --- length limits --------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("a", "b"), [(1.5, 10), (1.0, 2), (0.5, 3)])
-def test_max_length_respected_and_eos_forced_there(a, b):
+def test_max_length_respected_and_eos_forced_there(a, b, tiny_model, make_src):
     """With EOS all but forbidden, every hypothesis runs to the limit, where EOS is forced:
     the output incl. EOS has floor(a * src_len + b) tokens (src_len counts the source EOS)."""
     model = tiny_model(0, eos_bias=-1e4)
-    src = src_batch(LENGTHS, 0)
-    results = {"greedy": [[h] for h in greedy_search(model, src, DecodeConfig(max_len_a=a, max_len_b=b))],
-               "beam": beam_search(model, src, DecodeConfig(beam=3, nbest=3, max_len_a=a, max_len_b=b))}
+    src = make_src(LENGTHS, 0)
+    greedy = greedy_search(model, src, DecodeConfig(max_len_a=a, max_len_b=b))
+    results = {"greedy": [[h] for h in greedy],
+               "beam": beam_search(model, src,
+                                   DecodeConfig(beam=3, nbest=3, max_len_a=a, max_len_b=b))}
     for hyps_per_row in results.values():
         for n, hyps in zip(LENGTHS, hyps_per_row):
             for h in hyps:
@@ -241,17 +233,17 @@ def test_max_length_respected_and_eos_forced_there(a, b):
                 assert len(h.tokens) + 1 == max(int(a * n + b), 1)
 
 
-def test_random_model_output_length_bounded():
+def test_random_model_output_length_bounded(tiny_model, make_src):
     model = tiny_model(2, eos_bias=0.0)
-    src = src_batch(LENGTHS, 2)
+    src = make_src(LENGTHS, 2)
     for row, n in enumerate(LENGTHS):
         for h in beam_search(model, src, DecodeConfig(beam=2, max_len_a=1.2, max_len_b=2))[row]:
             assert len(h.tokens) <= 1.2 * n + 2
 
 
-def test_output_length_capped_by_position_table():
+def test_output_length_capped_by_position_table(tiny_model, make_src):
     model = tiny_model(0, eos_bias=-1e4, max_positions=16)
-    src = src_batch([12], 0)
+    src = make_src([12], 0)
     assert len(greedy_search(model, src, DecodeConfig())[0].tokens) == 14  # 15 positions incl. EOS
     assert len(beam_search(model, src, DecodeConfig(beam=2))[0][0].tokens) == 14
 
@@ -267,9 +259,9 @@ def _check_attention(h, n_real, width):
     assert torch.all(h.attention >= 0)
 
 
-def test_need_attention_rows_sum_to_one_over_real_source_positions():
+def test_need_attention_rows_sum_to_one_over_real_source_positions(tiny_model, make_src):
     model = tiny_model(1)
-    src = src_batch(LENGTHS, 1)
+    src = make_src(LENGTHS, 1)
     width = src.size(1)
     beams = beam_search(model, src, DecodeConfig(beam=3, nbest=3), need_attention=True)
     greedy = greedy_search(model, src, DecodeConfig(), need_attention=True)
@@ -279,19 +271,20 @@ def test_need_attention_rows_sum_to_one_over_real_source_positions():
         _check_attention(greedy[row], n, width)
 
 
-def test_attention_of_batched_beam_equals_attention_alone():
+def test_attention_of_batched_beam_equals_attention_alone(tiny_model, make_src):
     model = tiny_model(1)
-    src = src_batch(LENGTHS, 1)
+    src = make_src(LENGTHS, 1)
     together = beam_search(model, src, DecodeConfig(beam=3), need_attention=True)
     for row, n in enumerate(LENGTHS):
-        alone = beam_search(model, src[row:row + 1, :n], DecodeConfig(beam=3), need_attention=True)[0][0]
+        alone = beam_search(model, src[row:row + 1, :n], DecodeConfig(beam=3),
+                            need_attention=True)[0][0]
         assert alone.tokens == together[row][0].tokens
         torch.testing.assert_close(together[row][0].attention[:, :n], alone.attention,
                                    atol=1e-5, rtol=1e-5)
 
 
-def test_no_attention_unless_asked():
+def test_no_attention_unless_asked(tiny_model, make_src):
     model = tiny_model(0)
-    src = src_batch([4, 2], 0)
+    src = make_src([4, 2], 0)
     assert all(h.attention is None for h in greedy_search(model, src, DecodeConfig()))
     assert all(h[0].attention is None for h in beam_search(model, src, DecodeConfig(beam=2)))

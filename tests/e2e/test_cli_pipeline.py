@@ -15,7 +15,6 @@ from xinda.checkpoint import default_weights, list_checkpoints
 from xinda.decode.translator import Translator
 from xinda.utils import read_lines
 
-PIPELINE_STEPS = 60  # as in conftest.trained
 LONG_WORDS = 2000
 NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
 
@@ -46,7 +45,6 @@ def translated(trained, inputs, xinda):
 
 
 def test_prepare_writes_a_complete_data_dir(prepared):
-    assert prepared.result.returncode == 0
     assert "prepared" in prepared.result.stdout
     manifest = json.loads((prepared.data_dir / "manifest.json").read_text(encoding="utf-8"))
     assert set(manifest["splits"]) == {"train", "valid", "test"}
@@ -59,27 +57,31 @@ def test_prepare_writes_a_complete_data_dir(prepared):
             assert (prepared.data_dir / f"{split}.{side}.ids.npy").is_file()
 
 
-def test_train_writes_a_self_contained_model_dir(trained):
+def test_train_writes_a_self_contained_model_dir(trained, inputs, translated):
     model = trained.model_dir
-    assert trained.result.returncode == 0
-    assert trained.steps == PIPELINE_STEPS
-    assert f"trained {PIPELINE_STEPS} updates" in trained.result.stdout
+    steps = trained.steps  # train.max_steps of the fixture's `xinda train`
+    assert f"trained {steps} updates" in trained.result.stdout
     for name in ("config.yaml", "manifest.json", "spm.model", "log.csv", "curves.png",
                  "train_stats.json", "best.safetensors"):
         assert (model / name).is_file(), name
     ckpts = list_checkpoints(model)
-    assert ckpts and ckpts[-1].name == f"step_{PIPELINE_STEPS:07d}.safetensors"
+    assert ckpts and ckpts[-1].name == f"step_{steps:07d}.safetensors"
     assert len(ckpts) <= 3  # keep_last
     stats = json.loads((model / "train_stats.json").read_text(encoding="utf-8"))
-    assert stats["steps"] == PIPELINE_STEPS
+    assert stats["steps"] == steps
     assert stats["epochs_done"] >= 2
     assert stats["parameters"] > 0
     assert (model / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # self-contained: the model directory still translates with the data directory gone
+    # self-contained: with the data directory gone, the model directory still translates, and
+    # exactly as `xinda translate` did with it (same model and settings: the model's config,
+    # beam 5, inputs over 40 tokens truncated), line for line
+    _, src, _ = inputs
+    _, out = translated
     data_copy = trained.prepared.root / "data-bin-moved"
     shutil.move(trained.prepared.data_dir, data_copy)
     try:
-        assert Translator.load(model).translate_text(["five"], beam=1)[0] is not None
+        assert not trained.prepared.data_dir.exists()
+        assert Translator.load(model).translate_text(src) == out
     finally:
         shutil.move(data_copy, trained.prepared.data_dir)
 
@@ -228,5 +230,5 @@ def test_model_dir_config_round_trips(trained):
     from xinda.config import load_config
 
     cfg = load_config(Path(trained.model_dir) / "config.yaml")
-    assert cfg.train.max_steps == PIPELINE_STEPS
+    assert cfg.train.max_steps == trained.steps
     assert cfg.model["d_model"] == 32 and cfg.decode.max_input_len == 40

@@ -3,29 +3,31 @@
 import pytest
 import torch
 
-from xinda.data.vocab import VocabInfo
 from xinda.errors import XindaError
+from xinda.models.base import EncoderOut
 from xinda.models.transformer.grow import grow_encoder, grown_config, source_layer
 from xinda.models.transformer.model import Transformer, TransformerConfig
 
-VOCAB = VocabInfo(30, 30, 0, 2, 3, True)
-TINY = {"d_model": 16, "heads": 2, "ffn_dim": 32, "decoder_layers": 1, "dropout": 0.1,
-        "attention_dropout": 0.1, "activation_dropout": 0.1}
+TINY = {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32, "decoder_layers": 1,
+        "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1}
 
 
-def trained_like(layers: int, seed: int = 0, **options) -> Transformer:
-    """A model whose every parameter is random (not the default init), as after training."""
-    torch.manual_seed(seed)
-    model = Transformer(TransformerConfig(encoder_layers=layers, **TINY, **options), VOCAB)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return model.eval()
+@pytest.fixture
+def trained_like(make_model):
+    """``trained_like(layers, seed=0, **options)`` -> a model whose every parameter is random
+    (not the default init), as after training."""
+    def make(layers: int, seed: int = 0, **options) -> Transformer:
+        model = make_model(TINY, seed, encoder_layers=layers, **options)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+        return model.eval()
+    return make
 
 
 def grow(old: Transformer, layers: int) -> Transformer:
     torch.manual_seed(123)
-    return grow_encoder(old, Transformer(grown_config(old.cfg, layers), VOCAB)).eval()
+    return grow_encoder(old, Transformer(grown_config(old.cfg, layers), old.vocab)).eval()
 
 
 def layer_io(model: Transformer, src: torch.Tensor) -> tuple[list, list, torch.Tensor]:
@@ -61,7 +63,8 @@ OPTIONS = [{}, {"norm": "pre"}, {"dense": "encoder", "norm": "pre"}, {"dense": "
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(map(str, o.values()))
                          or "plain")
 @pytest.mark.parametrize("h,n", [(2, 4), (2, 3), (4, 6)])
-def test_first_h_layers_compute_what_the_old_encoder_computed(options, h, n):
+def test_first_h_layers_compute_what_the_old_encoder_computed(options, h, n,
+                                                              trained_like):
     old = trained_like(h, **options)
     new = grow(old, n)
     old_in, old_out, old_final = layer_io(old, SRC)
@@ -75,7 +78,7 @@ def test_first_h_layers_compute_what_the_old_encoder_computed(options, h, n):
 
 
 @pytest.mark.parametrize("h,n", [(2, 4), (3, 5), (1, 2)])
-def test_copy_rule_for_layers_and_everything_else(h, n):
+def test_copy_rule_for_layers_and_everything_else(h, n, trained_like):
     old = trained_like(h, norm="pre", share_embeddings=False, tie_output=False)
     new = grow(old, n)
     assert [source_layer(j, h, n) for j in range(n)] == \
@@ -91,7 +94,7 @@ def test_copy_rule_for_layers_and_everything_else(h, n):
     assert all(torch.equal(old_rest[k], new_rest[k]) for k in old_rest)
 
 
-def test_2h_stacks_the_whole_encoder_twice():
+def test_2h_stacks_the_whole_encoder_twice(trained_like):
     old = trained_like(3)
     new = grow(old, 6)
     for j in range(3):
@@ -100,7 +103,7 @@ def test_2h_stacks_the_whole_encoder_twice():
             assert torch.equal(new.encoder_layers[j + 3].state_dict()[k], v)
 
 
-def test_dlcl_weights_block_and_norms():
+def test_dlcl_weights_block_and_norms(trained_like):
     old = trained_like(2, dense="encoder", norm="pre")
     new = grow(old, 4)
     w_old, w_new = old.encoder_connection.weights, new.encoder_connection.weights
@@ -116,12 +119,28 @@ def test_dlcl_weights_block_and_norms():
             assert torch.equal(norms_new[k].state_dict()[name], v)
 
 
-def test_grown_model_translates_the_same_shape():
-    old = trained_like(2, dense="encoder", norm="pre")
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_growing_h_to_2h_runs_the_old_encoder_twice_under_the_old_decoder(norm, trained_like):
+    """N = 2h stacks the trained encoder on itself: the grown memory is the old layer stack L
+    run twice over the source embeddings, then the final norm once (identity for post-norm):
+    norm(L(L(x))); the grown decoder (a copy) reads it exactly as the old decoder would."""
+    old = trained_like(2, norm=norm)
     new = grow(old, 4)
     prev = torch.tensor([[2, 5, 6], [2, 7, 8]])
     with torch.no_grad():
-        assert new(SRC, prev).shape == old(SRC, prev).shape == (2, 3, 30)
+        src_pad = SRC.eq(old.vocab.pad)
+        x = old.src_embed(SRC)
+        for layer in [*old.encoder_layers, *old.encoder_layers]:
+            x = layer(x, ~src_pad[:, None, None, :])
+        twice = EncoderOut(old.encoder_norm(x), src_pad)
+        grown = new.encode(SRC)
+        logits, attn = new.decode(prev, grown, need_weights=True)
+        old_logits, old_attn = old.decode(prev, twice, need_weights=True)
+    assert not torch.equal(twice.memory, old.encode(SRC).memory)  # not the shallow encoder's
+    assert torch.equal(grown.src_pad, src_pad)
+    torch.testing.assert_close(grown.memory, twice.memory, atol=0, rtol=0)
+    torch.testing.assert_close(logits, old_logits, atol=0, rtol=0)
+    torch.testing.assert_close(attn, old_attn, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("n", [2, 1, 5, 8])
@@ -130,9 +149,10 @@ def test_bounds_h_lt_n_le_2h(n):
         grown_config(TransformerConfig(encoder_layers=2, **TINY), n)
 
 
-def test_refuses_models_that_differ_in_more_than_depth():
+def test_refuses_models_that_differ_in_more_than_depth(trained_like):
     old = trained_like(2)
-    other = Transformer(TransformerConfig(encoder_layers=4, **{**TINY, "d_model": 32}), VOCAB)
+    other = Transformer(TransformerConfig(encoder_layers=4, **{**TINY, "d_model": 32}),
+                        old.vocab)
     with pytest.raises(XindaError, match="except for encoder_layers"):
         grow_encoder(old, other)
     with pytest.raises(XindaError, match="need 2 < N <= 4"):

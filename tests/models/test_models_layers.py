@@ -223,13 +223,19 @@ def _hand_layer_norm(x, norm):
     return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
 
 
-def test_sublayer_connection_pre_norm_is_x_plus_f_of_ln_x():
-    torch.manual_seed(15)
-    sub = SublayerConnection(8, dropout=0.5, pre_norm=True).eval()
+def _sublayer_and_input(seed, pre_norm):
+    """An eval-mode SublayerConnection (width 8, dropout 0.5) with a random LayerNorm affine
+    part, and a (2, 3, 8) input."""
+    torch.manual_seed(seed)
+    sub = SublayerConnection(8, dropout=0.5, pre_norm=pre_norm).eval()
     with torch.no_grad():
         sub.norm.weight.uniform_(0.5, 1.5)
         sub.norm.bias.uniform_(-0.5, 0.5)
-    x = torch.randn(2, 3, 8)
+    return sub, torch.randn(2, 3, 8)
+
+
+def test_sublayer_connection_pre_norm_is_x_plus_f_of_ln_x():
+    sub, x = _sublayer_and_input(15, pre_norm=True)
     out, extra = sub(x, lambda y: (3.0 * y + 1.0, "extra"))
     expected = x + 3.0 * _hand_layer_norm(x, sub.norm) + 1.0
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -237,12 +243,7 @@ def test_sublayer_connection_pre_norm_is_x_plus_f_of_ln_x():
 
 
 def test_sublayer_connection_post_norm_is_ln_of_x_plus_f_x():
-    torch.manual_seed(16)
-    sub = SublayerConnection(8, dropout=0.5, pre_norm=False).eval()
-    with torch.no_grad():
-        sub.norm.weight.uniform_(0.5, 1.5)
-        sub.norm.bias.uniform_(-0.5, 0.5)
-    x = torch.randn(2, 3, 8)
+    sub, x = _sublayer_and_input(16, pre_norm=False)
     out, extra = sub(x, lambda y: (y * y, None))
     expected = _hand_layer_norm(x + x * x, sub.norm)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

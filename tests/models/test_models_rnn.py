@@ -5,15 +5,12 @@ import pytest
 import torch
 
 from xinda.config import DecodeConfig
-from xinda.data.vocab import VocabInfo
 from xinda.decode.search import beam_search, greedy_search
 from xinda.errors import XindaError
-from xinda.models.registry import PRESETS, build_model, list_presets, resolve
+from xinda.models.registry import PRESETS, list_presets, resolve
 from xinda.models.rnn import RNNConfig, RNNEncoderOut, RNNModel
 from xinda.models.rnn.encoder import reverse_padded
 
-PAD, BOS, EOS, V = 0, 2, 3, 30
-VOCAB = VocabInfo(src_size=V, tgt_size=V, pad=PAD, bos=BOS, eos=EOS, joint=True)
 SMALL = {"embed_dim": 8, "hidden_dim": 8, "dropout": 0.0}
 TINY = {"arch": "rnn", **SMALL}
 RNN_PRESETS = ["rnn-sutskever", "rnn-bahdanau", "rnn-luong-global", "rnn-luong-local-p", "gnmt"]
@@ -46,27 +43,6 @@ ALL = {**{name: {"preset": name, **SMALL} for name in RNN_PRESETS},
        **{name: {**TINY, **fields} for name, fields in COMBOS.items()}}
 
 
-def tiny_model(seed=0, vocab=VOCAB, spec=None, **overrides):
-    torch.manual_seed(seed)
-    return build_model({**(spec or TINY), **overrides}, vocab).eval()
-
-
-def src_batch(lengths, width=None, seed=0):
-    """Right-padded random sources of the given lengths (last real token is EOS)."""
-    gen = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), width or max(lengths)), PAD)
-    for row, n in enumerate(lengths):
-        src[row, : n - 1] = torch.randint(4, V, (n - 1,), generator=gen)
-        src[row, n - 1] = EOS
-    return src
-
-
-def prev_batch(batch, length, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.cat([torch.full((batch, 1), BOS),
-                      torch.randint(4, V, (batch, length - 1), generator=gen)], 1)
-
-
 def step_by_step(model, prev, enc, state=None):
     state = {} if state is None else state
     steps = [model.decode(prev[:, t:t + 1], enc, state, need_weights=True)
@@ -82,11 +58,11 @@ def test_reverse_padded_reverses_only_real_tokens():
     assert reverse_padded(x, torch.tensor([3, 4])).tolist() == [[3, 2, 1, 0], [7, 6, 5, 4]]
 
 
-def test_reversed_encoding_equals_forward_encoding_of_reversed_sentence():
-    rev = tiny_model(reverse_source=True, encoder_layers=2)
-    fwd = tiny_model(reverse_source=False, encoder_layers=2)  # same seed: same weights
-    src = torch.tensor([[5, 6, 7, PAD], [8, 9, 10, 11]])  # "a b c" and a full-width row
-    backwards = torch.tensor([[7, 6, 5, PAD], [11, 10, 9, 8]])
+def test_reversed_encoding_equals_forward_encoding_of_reversed_sentence(make_model, vocab):
+    rev = make_model(TINY, reverse_source=True, encoder_layers=2)
+    fwd = make_model(TINY, reverse_source=False, encoder_layers=2)  # same seed: same weights
+    src = torch.tensor([[5, 6, 7, vocab.pad], [8, 9, 10, 11]])  # "a b c" and a full-width row
+    backwards = torch.tensor([[7, 6, 5, vocab.pad], [11, 10, 9, 8]])
     with torch.no_grad():
         a, b = rev.encode(src), fwd.encode(backwards)
     # memory position s of the reversed encoder belongs to source token s: flip b back
@@ -101,10 +77,10 @@ def test_reversed_encoding_equals_forward_encoding_of_reversed_sentence():
                                     {"reverse_source": True, "bidirectional": True,
                                      "bidirectional_bottom_only": True, "encoder_layers": 3,
                                      "residual_from": 3}])
-def test_encoder_output_unchanged_by_extra_padding(fields):
-    model = tiny_model(**fields)
-    src = src_batch([5, 3])
-    padded = torch.cat([src, torch.full((2, 4), PAD)], 1)
+def test_encoder_output_unchanged_by_extra_padding(fields, make_model, make_src, vocab):
+    model = make_model(TINY, **fields)
+    src = make_src([5, 3])
+    padded = torch.cat([src, torch.full((2, 4), vocab.pad)], 1)
     with torch.no_grad():
         a, b = model.encode(src), model.encode(padded)
         alone = model.encode(src[1:2, :3])
@@ -119,9 +95,9 @@ def test_encoder_output_unchanged_by_extra_padding(fields):
 
 @pytest.mark.parametrize("name", ["rnn-bahdanau", "gnmt", "luong-local-p-if-gru",
                                   "luong-location-rnn"])
-def test_reference_path_equals_fused_path(name):
-    model = tiny_model(spec=ALL[name])
-    src, prev = src_batch([5, 2, 4]), prev_batch(3, 4)
+def test_reference_path_equals_fused_path(name, make_model, make_src, make_prev):
+    model = make_model(ALL[name])
+    src, prev = make_src([5, 2, 4]), make_prev(3, 4)
     with torch.no_grad():
         fast_enc = model.encode(src)
         fast, fast_attn = model.decode(prev, fast_enc, need_weights=True)
@@ -133,9 +109,9 @@ def test_reference_path_equals_fused_path(name):
     torch.testing.assert_close(ref_attn, fast_attn, atol=1e-5, rtol=1e-5)
 
 
-def test_encoder_out_reorder_selects_memory_and_final_states():
-    model = tiny_model(bidirectional=True)
-    enc = model.encode(src_batch([4, 2, 3]))
+def test_encoder_out_reorder_selects_memory_and_final_states(make_model, make_src):
+    model = make_model(TINY, bidirectional=True)
+    enc = model.encode(make_src([4, 2, 3]))
     order = torch.tensor([2, 0, 0])
     got = enc.reorder(order)
     assert isinstance(got, RNNEncoderOut)
@@ -150,14 +126,15 @@ def test_encoder_out_reorder_selects_memory_and_final_states():
 # --- decoder --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(ALL))
-def test_incremental_decoding_matches_teacher_forcing(name):
-    model = tiny_model(spec=ALL[name])
-    src, prev = src_batch([6, 3, 5]), prev_batch(3, 7)
+def test_incremental_decoding_matches_teacher_forcing(name, make_model, make_src, make_prev,
+                                                      vocab):
+    model = make_model(ALL[name])
+    src, prev = make_src([6, 3, 5]), make_prev(3, 7)
     with torch.no_grad():
         enc = model.encode(src)
         full, full_attn = model.decode(prev, enc, need_weights=True)
         steps, step_attn, state = step_by_step(model, prev, enc)
-    assert full.shape == (3, 7, V) and state["step"] == 7
+    assert full.shape == (3, 7, vocab.tgt_size) and state["step"] == 7
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
     if model.cfg.attention == "none":
         assert full_attn is None and step_attn is None
@@ -167,22 +144,19 @@ def test_incremental_decoding_matches_teacher_forcing(name):
         assert torch.all(full_attn[1, :, 3:] == 0)  # padded source positions: exactly 0
 
 
-def test_incremental_decoding_with_multi_token_chunks_matches_teacher_forcing():
-    model = tiny_model(attention="general")  # no feedback: chunks run through at once
-    src, prev = src_batch([5, 5]), prev_batch(2, 7)
-    with torch.no_grad():
-        enc = model.encode(src)
-        full, _ = model.decode(prev, enc)
-        state: dict = {}
-        chunks = [model.decode(prev[:, a:b], enc, state)[0] for a, b in ((0, 3), (3, 4), (4, 7))]
-    torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-5, rtol=1e-5)
+def test_incremental_decoding_with_multi_token_chunks_matches_teacher_forcing(
+        make_model, make_src, make_prev, decode_in_chunks):
+    model = make_model(TINY, attention="general")  # no feedback: chunks run through at once
+    src, prev = make_src([5, 5]), make_prev(2, 7)
+    full, chunked = decode_in_chunks(model, src, prev, [(0, 3), (3, 4), (4, 7)])
+    torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["luong-concat-if-local-m", "gnmt-if-residual",
                                   "bahdanau-bilstm"])
-def test_reorder_state_selects_the_right_rows(name):
-    model = tiny_model(spec=ALL[name])
-    src, prev = src_batch([6, 4, 5]), prev_batch(3, 5)
+def test_reorder_state_selects_the_right_rows(name, make_model, make_src, make_prev):
+    model = make_model(ALL[name])
+    src, prev = make_src([6, 4, 5]), make_prev(3, 5)
     order = torch.tensor([2, 0, 0, 1])
     with torch.no_grad():
         enc = model.encode(src)
@@ -195,27 +169,28 @@ def test_reorder_state_selects_the_right_rows(name):
     assert all(t.size(0) == 4 for layer in state["hidden"] for t in layer)
 
 
-def test_decoder_output_unchanged_by_source_padding():
-    model = tiny_model(spec=ALL["rnn-luong-local-p"])
-    src, prev = src_batch([4]), prev_batch(1, 5)
+def test_decoder_output_unchanged_by_source_padding(make_model, make_src, make_prev, vocab):
+    model = make_model(ALL["rnn-luong-local-p"])
+    src, prev = make_src([4]), make_prev(1, 5)
     with torch.no_grad():
         a, _ = model.decode(prev, model.encode(src))
-        b, _ = model.decode(prev, model.encode(torch.cat([src, torch.full((1, 3), PAD)], 1)))
+        padded = torch.cat([src, torch.full((1, 3), vocab.pad)], 1)
+        b, _ = model.decode(prev, model.encode(padded))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_decoder_init_final_copies_encoder_final_state():
-    model = tiny_model(attention="none", decoder_init="final")
-    enc = model.encode(src_batch([4, 2]))
+def test_decoder_init_final_copies_encoder_final_state(make_model, make_src):
+    model = make_model(TINY, attention="none", decoder_init="final")
+    enc = model.encode(make_src([4, 2]))
     state = model.decoder.initial_state(enc)
     for dec_layer, enc_layer in zip(state["hidden"], enc.final):
         for a, b in zip(dec_layer, enc_layer):
             assert a is b
 
 
-def test_decoder_init_learned_is_tanh_of_projected_final_states():
-    model = tiny_model(encoder_layers=3, decoder_layers=2, bidirectional=True)
-    enc = model.encode(src_batch([4, 2]))
+def test_decoder_init_learned_is_tanh_of_projected_final_states(make_model, make_src):
+    model = make_model(TINY, encoder_layers=3, decoder_layers=2, bidirectional=True)
+    enc = model.encode(make_src([4, 2]))
     state = model.decoder.initial_state(enc)
     bridge = model.decoder.bridges[1][1]  # decoder layer 2, cell state
     assert bridge.in_features == 16  # both directions of the top encoder layer
@@ -223,20 +198,20 @@ def test_decoder_init_learned_is_tanh_of_projected_final_states():
     assert model.decoder._source_layer(0) == 1  # tops aligned: encoder deeper by one
 
 
-def test_no_attention_model_returns_no_weights():
-    model = tiny_model(spec=ALL["rnn-sutskever"])
-    logits, attn = model.decode(prev_batch(2, 3), model.encode(src_batch([3, 2])),
+def test_no_attention_model_returns_no_weights(make_model, make_src, make_prev, vocab):
+    model = make_model(ALL["rnn-sutskever"])
+    logits, attn = model.decode(make_prev(2, 3), model.encode(make_src([3, 2])),
                                 need_weights=True)
-    assert logits.shape == (2, 3, V) and attn is None
+    assert logits.shape == (2, 3, vocab.tgt_size) and attn is None
 
 
 @pytest.mark.parametrize("name", [*RNN_PRESETS, "gnmt-if-residual", "luong-location-rnn",
                                   "learned-deeper-decoder"])
-def test_training_step_reaches_every_parameter(name):
-    model = tiny_model(spec={**ALL[name], "dropout": 0.1}).train()
-    logits = model(src_batch([5, 3]), prev_batch(2, 4))
-    torch.nn.functional.cross_entropy(logits.flatten(0, 1), prev_batch(2, 4, seed=2).flatten(),
-                                      ignore_index=PAD).backward()
+def test_training_step_reaches_every_parameter(name, make_model, make_src, make_prev, vocab):
+    model = make_model({**ALL[name], "dropout": 0.1}).train()
+    logits = model(make_src([5, 3]), make_prev(2, 4))
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), make_prev(2, 4, seed=2).flatten(),
+                                      ignore_index=vocab.pad).backward()
     for pname, param in model.named_parameters():
         assert param.grad is not None and torch.isfinite(param.grad).all(), pname
         assert param.grad.abs().sum() > 0, pname
@@ -244,8 +219,8 @@ def test_training_step_reaches_every_parameter(name):
 
 # --- initialisation and embeddings ----------------------------------------------------------
 
-def test_every_lstm_in_the_model_has_forget_bias_one():
-    model = tiny_model(spec=ALL["gnmt"])
+def test_every_lstm_in_the_model_has_forget_bias_one(make_model):
+    model = make_model(ALL["gnmt"])
     rnns = [m for m in model.modules() if isinstance(m, torch.nn.LSTM)]
     assert len(rnns) == 8  # 4 encoder + 4 decoder layers
     for rnn in rnns:
@@ -256,14 +231,14 @@ def test_every_lstm_in_the_model_has_forget_bias_one():
                                                                 [0.0] * 16))
 
 
-def test_tied_shared_and_separate_embeddings():
-    tied = tiny_model(tie_output=True)
+def test_tied_shared_and_separate_embeddings(make_model, make_src, make_prev, vocab,
+                                             split_vocab):
+    tied = make_model(TINY, tie_output=True)
     assert tied.output.weight is tied.tgt_embed.weight and tied.src_embed is tied.tgt_embed
-    assert torch.all(tied.src_embed.weight[PAD] == 0)
-    vocab = VocabInfo(src_size=40, tgt_size=25, pad=PAD, bos=BOS, eos=EOS, joint=False)
-    split = tiny_model(vocab=vocab)
+    assert torch.all(tied.src_embed.weight[vocab.pad] == 0)
+    split = make_model(TINY, vocab=split_vocab)
     assert split.src_embed.weight.shape == (40, 8) and split.tgt_embed.weight.shape == (25, 8)
-    assert split(src_batch([3]), prev_batch(1, 2)).shape == (1, 2, 25)
+    assert split(make_src([3]), make_prev(1, 2, vocab=split_vocab)).shape == (1, 2, 25)
 
 
 # --- configuration --------------------------------------------------------------------------
@@ -296,12 +271,12 @@ def test_unknown_field_and_wrong_value_name_the_key():
 
 
 @pytest.mark.parametrize("name", RNN_PRESETS)
-def test_every_preset_resolves_and_builds_tiny(name):
+def test_every_preset_resolves_and_builds_tiny(name, make_model, make_src, make_prev, vocab):
     full = resolve({"preset": name})
     assert isinstance(full, RNNConfig) and full.hidden_dim in (256, 512)
-    model = build_model({"preset": name, **SMALL}, VOCAB)
+    model = make_model({"preset": name, **SMALL})
     assert isinstance(model, RNNModel)
-    assert model(src_batch([4, 2]), prev_batch(2, 3)).shape == (2, 3, V)
+    assert model(make_src([4, 2]), make_prev(2, 3)).shape == (2, 3, vocab.tgt_size)
 
 
 def test_presets_follow_the_papers():
@@ -326,22 +301,26 @@ def test_presets_follow_the_papers():
 
 # --- search ---------------------------------------------------------------------------------
 
-def searchable(name, eos_bias):
-    """A random model with decisive logits (hidden 32, unit-variance embeddings, scaled
-    output) and an EOS bias, so that greedy outputs vary in length."""
-    model = tiny_model(spec={**ALL[name], "embed_dim": 32, "hidden_dim": 32})
-    with torch.no_grad():
-        model.src_embed.weight.normal_()
-        model.output.weight *= 4
-        model.output.bias[EOS] = eos_bias
-    return model
+@pytest.fixture
+def searchable(make_model, vocab):
+    """``searchable(name, eos_bias)`` -> a random model with decisive logits (hidden 32,
+    unit-variance embeddings, scaled output) and an EOS bias, so that greedy outputs vary in
+    length."""
+    def make(name: str, eos_bias: float):
+        model = make_model({**ALL[name], "embed_dim": 32, "hidden_dim": 32})
+        with torch.no_grad():
+            model.src_embed.weight.normal_()
+            model.output.weight *= 4
+            model.output.bias[vocab.eos] = eos_bias
+        return model
+    return make
 
 
 @pytest.mark.parametrize("name, eos_bias", [("rnn-luong-global", 0.0), ("rnn-bahdanau", 2.0),
                                             ("rnn-sutskever", 0.0)])
-def test_beam_of_one_equals_greedy(name, eos_bias):
+def test_beam_of_one_equals_greedy(name, eos_bias, make_src, searchable):
     model = searchable(name, eos_bias)
-    src = src_batch([6, 3, 1, 5])
+    src = make_src([6, 3, 1, 5])
     greedy = greedy_search(model, src, DecodeConfig(alpha=0.6))
     beam = beam_search(model, src, DecodeConfig(beam=1, alpha=0.6))
     assert len({len(h.tokens) for h in greedy}) > 1  # varied lengths
@@ -350,13 +329,14 @@ def test_beam_of_one_equals_greedy(name, eos_bias):
         assert b[0].score == pytest.approx(g.score, abs=1e-4)
 
 
-def test_beam_search_with_attention_and_coverage_runs_on_gnmt():
+def test_beam_search_with_attention_and_coverage_runs_on_gnmt(make_src, vocab, searchable):
     model = searchable("gnmt", 0.5)
-    src = src_batch([6, 3, 5])
-    results = beam_search(model, src, DecodeConfig(beam=3, nbest=2, coverage=0.2), need_attention=True)
+    src = make_src([6, 3, 5])
+    results = beam_search(model, src, DecodeConfig(beam=3, nbest=2, coverage=0.2),
+                          need_attention=True)
     for row, hyps in enumerate(results):
         assert len(hyps) == 2
-        n_real = int(src[row].ne(PAD).sum())
+        n_real = int(src[row].ne(vocab.pad).sum())
         for h in hyps:
             assert h.attention.shape == (len(h.tokens) + 1, src.size(1))
             assert torch.all(h.attention[:, n_real:] == 0)

@@ -3,44 +3,21 @@
 import pytest
 import torch
 
-from xinda.data.vocab import VocabInfo
 from xinda.errors import XindaError
 from xinda.models.registry import PRESETS, build_model, list_presets, resolve
 from xinda.models.transformer import Transformer, TransformerConfig
 
-PAD, BOS, EOS, V = 0, 2, 3, 30
-VOCAB = VocabInfo(src_size=V, tgt_size=V, pad=PAD, bos=BOS, eos=EOS, joint=True)
 TINY = {"arch": "transformer", "d_model": 32, "heads": 4, "ffn_dim": 64,
         "encoder_layers": 2, "decoder_layers": 2}
-
-
-def tiny_model(seed=0, vocab=VOCAB, **overrides):
-    torch.manual_seed(seed)
-    return build_model({**TINY, **overrides}, vocab).eval()
-
-
-def random_ids(*shape, low=4, high=V):
-    return torch.randint(low, high, shape)
-
-
-def src_batch(lengths, width=None):
-    """Right-padded sources of the given lengths (last real token is EOS)."""
-    width = width or max(lengths)
-    src = torch.full((len(lengths), width), PAD)
-    for row, n in enumerate(lengths):
-        src[row, : n - 1] = random_ids(n - 1)
-        src[row, n - 1] = EOS
-    return src
 
 
 # --- masking --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_encoder_output_unchanged_by_extra_padding(norm):
-    model = tiny_model(norm=norm)
-    torch.manual_seed(1)
-    src = src_batch([5, 3])
-    padded = torch.cat([src, torch.full((2, 4), PAD)], 1)
+def test_encoder_output_unchanged_by_extra_padding(norm, make_model, make_src, vocab):
+    model = make_model(TINY, norm=norm)
+    src = make_src([5, 3], seed=1)
+    padded = torch.cat([src, torch.full((2, 4), vocab.pad)], 1)
     with torch.no_grad():
         a, b = model.encode(src), model.encode(padded)
     assert b.memory.shape == (2, 9, 32) and b.src_pad[:, 5:].all()
@@ -48,42 +25,39 @@ def test_encoder_output_unchanged_by_extra_padding(norm):
     torch.testing.assert_close(a.memory[1, :3], b.memory[1, :3], atol=1e-5, rtol=1e-5)
 
 
-def test_encoder_sentence_alone_equals_sentence_in_padded_batch():
-    model = tiny_model()
-    torch.manual_seed(2)
-    batch = src_batch([7, 4, 2])
+def test_encoder_sentence_alone_equals_sentence_in_padded_batch(make_model, make_src):
+    model = make_model(TINY)
+    batch = make_src([7, 4, 2], seed=2)
     with torch.no_grad():
         together = model.encode(batch).memory
         alone = model.encode(batch[1:2, :4]).memory
     torch.testing.assert_close(together[1, :4], alone[0], atol=1e-5, rtol=1e-5)
 
 
-def test_decoder_output_unchanged_by_source_padding():
-    model = tiny_model()
-    torch.manual_seed(3)
-    src = src_batch([4])
-    prev = torch.cat([torch.tensor([[BOS]]), random_ids(1, 5)], 1)
+def test_decoder_output_unchanged_by_source_padding(make_model, make_src, make_prev, vocab):
+    model = make_model(TINY)
+    src, prev = make_src([4], seed=3), make_prev(1, 6, seed=3)
     with torch.no_grad():
         a, _ = model.decode(prev, model.encode(src))
-        b, _ = model.decode(prev, model.encode(torch.cat([src, torch.full((1, 3), PAD)], 1)))
+        b, _ = model.decode(prev, model.encode(torch.cat([src, torch.full((1, 3), vocab.pad)], 1)))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_decoder_output_at_t_independent_of_later_target_tokens(norm):
-    model = tiny_model(norm=norm)
-    torch.manual_seed(4)
-    src = src_batch([6, 4])
-    prev = torch.cat([torch.full((2, 1), BOS), random_ids(2, 6)], 1)
+def test_decoder_output_at_t_independent_of_later_target_tokens(norm, make_model, make_src,
+                                                                make_prev, vocab):
+    model = make_model(TINY, norm=norm)
+    src, prev = make_src([6, 4], seed=4), make_prev(2, 7, seed=4)
     t = 3
     changed = prev.clone()
-    changed[:, t + 1:] = random_ids(2, prev.size(1) - t - 1)
+    torch.manual_seed(4)
+    changed[:, t + 1:] = torch.randint(4, vocab.tgt_size, (2, prev.size(1) - t - 1))
     assert not torch.equal(changed, prev)
     with torch.no_grad():
         enc = model.encode(src)
         a, _ = model.decode(prev, enc)
         b, _ = model.decode(changed, enc)
-    assert a.shape == (2, 7, V)
+    assert a.shape == (2, 7, vocab.tgt_size)
     torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a[:, t + 1:], b[:, t + 1:], atol=1e-5)
 
@@ -91,11 +65,10 @@ def test_decoder_output_at_t_independent_of_later_target_tokens(norm):
 # --- incremental decoding -------------------------------------------------------------------
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_incremental_decoding_matches_teacher_forcing(norm):
-    model = tiny_model(norm=norm)
-    torch.manual_seed(5)
-    src = src_batch([6, 3, 5])
-    prev = torch.cat([torch.full((3, 1), BOS), random_ids(3, 7)], 1)
+def test_incremental_decoding_matches_teacher_forcing(norm, make_model, make_src, make_prev,
+                                                      vocab):
+    model = make_model(TINY, norm=norm)
+    src, prev = make_src([6, 3, 5], seed=5), make_prev(3, 8, seed=5)
     with torch.no_grad():
         enc = model.encode(src)
         full, full_attn = model.decode(prev, enc, need_weights=True)
@@ -103,7 +76,7 @@ def test_incremental_decoding_matches_teacher_forcing(norm):
         steps, attns = [], []
         for t in range(prev.size(1)):
             logits, attn = model.decode(prev[:, t:t + 1], enc, state, need_weights=True)
-            assert logits.shape == (3, 1, V)
+            assert logits.shape == (3, 1, vocab.tgt_size)
             steps.append(logits)
             attns.append(attn)
     assert state["step"] == prev.size(1)
@@ -111,24 +84,17 @@ def test_incremental_decoding_matches_teacher_forcing(norm):
     torch.testing.assert_close(torch.cat(attns, 1), full_attn, atol=1e-5, rtol=1e-5)
 
 
-def test_incremental_decoding_with_multi_token_chunks_matches_teacher_forcing():
-    model = tiny_model()
-    torch.manual_seed(6)
-    src = src_batch([5, 5])
-    prev = torch.cat([torch.full((2, 1), BOS), random_ids(2, 6)], 1)
-    with torch.no_grad():
-        enc = model.encode(src)
-        full, _ = model.decode(prev, enc)
-        state: dict = {}
-        chunks = [model.decode(prev[:, a:b], enc, state)[0] for a, b in ((0, 3), (3, 4), (4, 7))]
-    torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-5, rtol=1e-5)
+def test_incremental_decoding_with_multi_token_chunks_matches_teacher_forcing(
+        make_model, make_src, make_prev, decode_in_chunks):
+    model = make_model(TINY)
+    src, prev = make_src([5, 5], seed=6), make_prev(2, 7, seed=6)
+    full, chunked = decode_in_chunks(model, src, prev, [(0, 3), (3, 4), (4, 7)])
+    torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
 
 
-def test_reorder_state_selects_the_right_rows():
-    model = tiny_model()
-    torch.manual_seed(7)
-    src = src_batch([6, 4, 5])
-    prev = torch.cat([torch.full((3, 1), BOS), random_ids(3, 4)], 1)
+def test_reorder_state_selects_the_right_rows(make_model, make_src, make_prev):
+    model = make_model(TINY)
+    src, prev = make_src([6, 4, 5], seed=7), make_prev(3, 5, seed=7)
     order = torch.tensor([2, 0, 0, 1])
     with torch.no_grad():
         enc = model.encode(src)
@@ -144,70 +110,69 @@ def test_reorder_state_selects_the_right_rows():
         assert cache["self"]["k"].size(0) == 4 and cache["cross"]["k"].size(0) == 4
 
 
-def test_decode_beyond_max_positions_raises():
-    model = tiny_model(max_positions=16)
-    enc = model.encode(src_batch([3]))
+def test_decode_beyond_max_positions_raises(make_model, make_src, vocab):
+    model = make_model(TINY, max_positions=16)
+    enc = model.encode(make_src([3]))
     with pytest.raises(ValueError, match="max_positions"):
-        model.decode(torch.full((1, 17), BOS), enc)
+        model.decode(torch.full((1, 17), vocab.bos), enc)
 
 
 # --- embeddings and tying -------------------------------------------------------------------
 
-def test_tied_and_shared_embeddings_are_one_tensor():
-    model = tiny_model()
+def test_tied_and_shared_embeddings_are_one_tensor(make_model):
+    model = make_model(TINY)
     assert model.output.weight is model.tgt_embed.embed.weight
     assert model.src_embed is model.tgt_embed
     names = [n for n, _ in model.named_parameters()]
     assert sum("embed.weight" in n or n == "output.weight" for n in names) == 1
 
 
-def test_embeddings_not_shared_without_joint_vocabulary():
-    vocab = VocabInfo(src_size=40, tgt_size=25, pad=PAD, bos=BOS, eos=EOS, joint=False)
-    model = tiny_model(vocab=vocab)
+def test_embeddings_not_shared_without_joint_vocabulary(make_model, make_src, make_prev,
+                                                        split_vocab):
+    model = make_model(TINY, vocab=split_vocab)
     assert model.src_embed is not model.tgt_embed
     assert model.src_embed.embed.weight.shape == (40, 32)
     assert model.tgt_embed.embed.weight.shape == (25, 32)
     assert model.output.weight is model.tgt_embed.embed.weight
-    logits = model(src_batch([3]).clamp(max=39), torch.tensor([[BOS, 5]]))
+    logits = model(make_src([3], vocab=split_vocab), make_prev(1, 2, vocab=split_vocab))
     assert logits.shape == (1, 2, 25)
 
 
-def test_share_embeddings_false_keeps_separate_tables():
-    model = tiny_model(share_embeddings=False)
+def test_share_embeddings_false_keeps_separate_tables(make_model):
+    model = make_model(TINY, share_embeddings=False)
     assert model.src_embed is not model.tgt_embed
     assert model.output.weight is model.tgt_embed.embed.weight
 
 
-def test_untied_output_is_its_own_parameter():
-    model = tiny_model(tie_output=False)
+def test_untied_output_is_its_own_parameter(make_model, vocab):
+    model = make_model(TINY, tie_output=False)
     assert model.output.weight is not model.tgt_embed.embed.weight
-    tied = tiny_model()
-    assert model.num_parameters() == tied.num_parameters() + V * 32
+    tied = make_model(TINY)
+    assert model.num_parameters() == tied.num_parameters() + vocab.tgt_size * 32
 
 
-def test_padding_embedding_row_is_zero():
-    model = tiny_model()
-    assert torch.all(model.src_embed.embed.weight[PAD] == 0)
+def test_padding_embedding_row_is_zero(make_model, vocab):
+    model = make_model(TINY)
+    assert torch.all(model.src_embed.embed.weight[vocab.pad] == 0)
 
 
-def test_num_parameters_counts_tied_weights_once():
-    model = tiny_model()
+def test_num_parameters_counts_tied_weights_once(make_model):
+    model = make_model(TINY)
     unique = {id(p): p.numel() for p in model.parameters()}
     assert model.num_parameters() == sum(unique.values())
     # build the same parameter count by hand: one embedding table, no output matrix
-    d, f, n_enc, n_dec = 32, 64, 2, 2
+    v, d, f, n_enc, n_dec = 30, 32, 64, 2, 2
     attn = 4 * d * d + 4 * d
     ffn = 2 * d * f + f + d
     norm = 2 * d
-    expected = (V * d + n_enc * (attn + ffn + 2 * norm) + n_dec * (2 * attn + ffn + 3 * norm))
+    expected = (v * d + n_enc * (attn + ffn + 2 * norm) + n_dec * (2 * attn + ffn + 3 * norm))
     assert model.num_parameters() == expected  # post-norm: no final LayerNorms
 
 
-def test_preset_parameter_count_counts_tied_weights_once():
+def test_preset_parameter_count_counts_tied_weights_once(make_vocab):
     cfg = resolve({"preset": "transformer-tiny"})
-    vocab = VocabInfo(src_size=50, tgt_size=50, pad=PAD, bos=BOS, eos=EOS, joint=True)
     torch.manual_seed(0)
-    model = build_model(cfg, vocab)
+    model = build_model(cfg, make_vocab(src_size=50, tgt_size=50))
     d, f = cfg.d_model, cfg.ffn_dim
     attn, ffn, norm = 4 * d * d + 4 * d, 2 * d * f + f + d, 2 * d
     expected = (50 * d + cfg.encoder_layers * (attn + ffn + 2 * norm)
@@ -274,10 +239,10 @@ def test_wrong_type_raises_with_key_named():
         resolve({"preset": "transformer-tiny", "norm": "middle"})
 
 
-def test_build_model_returns_transformer_in_expected_shape():
-    model = tiny_model(norm="pre")
+def test_build_model_returns_transformer_in_expected_shape(make_model):
+    model = make_model(TINY, norm="pre")
     assert isinstance(model, Transformer)
     assert len(model.encoder_layers) == 2 and len(model.decoder_layers) == 2
     assert isinstance(model.encoder_norm, torch.nn.LayerNorm)
-    post = tiny_model()
+    post = make_model(TINY)
     assert isinstance(post.encoder_norm, torch.nn.Identity)

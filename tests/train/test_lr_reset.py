@@ -1,6 +1,6 @@
 """The noam_reset schedule of progressive training: noam, restarted at its peak after a growth."""
 
-import math
+from dataclasses import asdict
 
 import pytest
 
@@ -9,7 +9,8 @@ from xinda.train.schedule import learning_rate
 from xinda.train.trainer import Progress
 
 D, WARM, SCALE = 64, 100, 2.0
-PEAK = SCALE * D**-0.5 * WARM**-0.5  # noam's maximum, at step == warmup: 0.025
+# By hand: scale * d^-0.5 = 2 / 8 = 0.25; noam's maximum, at step == warmup, 0.25 / 10.
+PEAK = 0.025
 
 
 def cfg(schedule: str = "noam_reset", **kw) -> TrainConfig:
@@ -21,12 +22,11 @@ def lr(step: int, resets=(), **kw) -> float:
 
 
 def test_warmup_and_peak_before_any_reset():
-    assert PEAK == pytest.approx(0.025)
-    assert lr(1) == pytest.approx(SCALE * D**-0.5 * WARM**-1.5)  # 2.5e-4
-    assert lr(50) == pytest.approx(50 * SCALE * D**-0.5 * WARM**-1.5)  # half-way: 0.0125
-    assert lr(50) == pytest.approx(PEAK / 2)
-    assert lr(WARM) == pytest.approx(PEAK)
-    assert lr(400) == pytest.approx(PEAK / 2)  # inverse sqrt: 4x the warm-up, half the peak
+    assert lr(1) == pytest.approx(2.5e-4)  # 2 * 64**-0.5 * 1 * 100**-1.5
+    assert lr(50) == pytest.approx(0.0125)  # half-way up the warm-up: 50 * 2.5e-4
+    assert lr(WARM) == pytest.approx(0.025)  # 2 * 64**-0.5 * 100**-0.5, the peak
+    assert lr(WARM - 1) < lr(WARM) and lr(WARM + 1) < lr(WARM)
+    assert lr(400) == pytest.approx(0.0125)  # inverse sqrt: 4x the warm-up, half the peak
 
 
 def test_without_resets_it_is_noam():
@@ -37,7 +37,8 @@ def test_without_resets_it_is_noam():
 
 def test_right_after_a_reset_the_lr_is_the_peak():
     # grown after 300 updates: update 301 is the first of the deeper model
-    assert lr(300, resets=[300]) == pytest.approx(PEAK * math.sqrt(WARM / 300))  # still noam
+    # update 300 is still noam's: 0.25 / sqrt(300)
+    assert lr(300, resets=[300]) == pytest.approx(0.0144338, rel=1e-5)
     assert lr(301, resets=[300]) == pytest.approx(PEAK)
     # even during the first warm-up (grown after 10 updates)
     assert lr(11, resets=[10]) == pytest.approx(PEAK)
@@ -45,18 +46,17 @@ def test_right_after_a_reset_the_lr_is_the_peak():
 
 
 def test_inverse_sqrt_decay_counted_from_the_reset():
-    # k updates after the reset: scale * d^-0.5 * (k + warmup)^-0.5
-    for k in (1, 10, 300, 2000):
-        assert lr(300 + 1 + k, resets=[300]) == pytest.approx(
-            SCALE * D**-0.5 * (k + WARM) ** -0.5)
-    assert lr(301 + 3 * WARM, resets=[300]) == pytest.approx(PEAK / 2)
+    # k updates after the reset: scale * d^-0.5 * (k + warmup)^-0.5 = 0.25 / sqrt(k + 100)
+    for k, rate in ((1, 0.0248759), (10, 0.0238366), (300, 0.0125), (2000, 0.0054554)):
+        assert lr(300 + 1 + k, resets=[300]) == pytest.approx(rate, rel=1e-5)
+    assert lr(301 + 3 * WARM, resets=[300]) == pytest.approx(0.0125)
 
 
 def test_the_latest_reset_counts():
     resets = [200, 1000]
-    assert lr(501, resets) == pytest.approx(SCALE * D**-0.5 * (300 + WARM) ** -0.5)
+    assert lr(501, resets) == pytest.approx(0.0125)  # 300 updates after the first: 0.25 / 20
     assert lr(1001, resets) == pytest.approx(PEAK)
-    assert lr(1001 + 3 * WARM, resets) == pytest.approx(PEAK / 2)
+    assert lr(1001 + 3 * WARM, resets) == pytest.approx(0.0125)
 
 
 def test_min_lr_floor_still_applies():
@@ -71,8 +71,14 @@ def test_other_schedules_ignore_resets():
 
 
 def test_progress_records_resets_and_old_states_still_load():
-    assert Progress().lr_resets == []
-    assert Progress().lr_resets is not Progress().lr_resets
+    grown = Progress(step=300)
+    grown.lr_resets.append(300)
+    assert Progress().lr_resets == []  # each Progress has its own list
+    saved = asdict(grown)  # as stored in a checkpoint
+    assert saved["lr_resets"] == [300]
+    resumed = Progress(**saved)
+    assert resumed.lr_resets == [300]
+    assert lr(301, resumed.lr_resets) == pytest.approx(PEAK)  # the restart survives resuming
     old_state = {"step": 60, "epoch": 6, "batch": 0, "tgt_tokens": 1000, "train_seconds": 3.0,
                  "best": 12.5, "bad_epochs": 0}  # saved before lr_resets existed
     assert Progress(**old_state).lr_resets == []
