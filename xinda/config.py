@@ -103,12 +103,31 @@ class ExperimentConfig(Strict):
     decode: DecodeConfig = Field(default_factory=DecodeConfig)
 
 
+def _one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped (``\\n``, ``\\x85``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _parse_yaml(text: str, what: str) -> Any:
+    """``yaml.safe_load(text)``; any failure is a one-line XindaError starting with ``what``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+    except RecursionError:
+        reason = "nested too deeply"
+    except Exception as err:  # noqa: BLE001 - PyYAML's constructors raise ValueError, KeyError,
+        # AttributeError... on scalars that do not convert: 2001-13-01, !!int x, !!timestamp x
+        reason = f"cannot convert a value: {type(err).__name__}: {err}"
+    raise XindaError(_one_line(f"{what}: {reason}"))
+
+
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for key in parents:
         tree = tree.setdefault(key, {})
         if not isinstance(tree, dict):
-            raise XindaError(f"--set {dotted}: '{key}' is not a section")
+            raise XindaError(_one_line(f"--set {dotted}: '{key}' is not a section"))
     tree[leaf] = value
 
 
@@ -118,15 +137,18 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise XindaError(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-3")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        _set_dotted(tree, key.strip(), _parse_yaml(raw, f"--set {item!r}: invalid YAML value"))
     return tree
 
 
-def format_validation_error(err: ValidationError, where: str) -> str:
+def format_validation_error(err: ValidationError, where: str, section: str = "") -> str:
+    """One line: ``where`` (a file), the dotted key path (under ``section``, e.g. "model") and
+    pydantic's message for the first error."""
     first = err.errors()[0]
-    path = ".".join(str(p) for p in first["loc"])
+    path = ".".join([section] * bool(section) + [str(p) for p in first["loc"]])
     message = first["msg"].removeprefix("Value error, ")
-    return f"{where}: {path}: {message}" if path else f"{where}: {message}"
+    head = f"{where}: " if where else ""
+    return _one_line(f"{head}{path}: {message}" if path else f"{head}{message}")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
@@ -137,9 +159,15 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
         if not path.is_file():
             raise XindaError(f"{path}: config file not found")
         try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            raise XindaError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise XindaError(f"{path}: not UTF-8 text (invalid byte at offset {err.start})"
+                             ) from None
+        except OSError as err:
+            raise XindaError(f"{path}: cannot read: {err.strerror or err}") from None
+        tree = _parse_yaml(text, f"{path}: invalid YAML")
+        if tree is None:  # an empty file (or only comments): all defaults
+            tree = {}
         if not isinstance(tree, dict):
             raise XindaError(f"{path}: expected a mapping at the top level")
     apply_overrides(tree, list(overrides))

@@ -264,9 +264,9 @@ def test_impossible_combinations_are_rejected(fields, message):
 
 
 def test_unknown_field_and_wrong_value_name_the_key():
-    with pytest.raises(XindaError, match="model: hiden_dim"):
+    with pytest.raises(XindaError, match="model.hiden_dim"):
         resolve({**TINY, "hiden_dim": 8})
-    with pytest.raises(XindaError, match="model: attention_window"):
+    with pytest.raises(XindaError, match="model.attention_window"):
         resolve({**TINY, "attention_window": "local"})
 
 

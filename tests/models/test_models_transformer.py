@@ -228,14 +228,14 @@ def test_unknown_architecture_raises_with_name():
 
 
 def test_unknown_field_raises_with_key_named():
-    with pytest.raises(XindaError, match=r"model: d_modle"):
+    with pytest.raises(XindaError, match=r"model.d_modle"):
         resolve({**TINY, "d_modle": 64})
 
 
 def test_wrong_type_raises_with_key_named():
-    with pytest.raises(XindaError, match=r"model: heads"):
+    with pytest.raises(XindaError, match=r"model.heads"):
         resolve({**TINY, "heads": "four"})
-    with pytest.raises(XindaError, match=r"model: norm"):
+    with pytest.raises(XindaError, match=r"model.norm"):
         resolve({"preset": "transformer-tiny", "norm": "middle"})
 
 

@@ -48,25 +48,28 @@ def _load_families() -> None:
     import xinda.models.transformer  # noqa: F401  (registers itself)
 
 
-def resolve(spec: dict[str, Any]) -> BaseModel:
-    """Validate a model spec (preset + overrides, or arch + fields) into its config."""
+def resolve(spec: dict[str, Any], where: str = "") -> BaseModel:
+    """Validate a model spec (preset + overrides, or arch + fields) into its config. Errors name
+    the key as ``model.KEY``, after ``where`` (the config file) when given."""
     _load_families()
+    head = f"{where}: " if where else ""
     spec = dict(spec)
     fields: dict[str, Any] = {}
     if "preset" in spec:
         name = spec.pop("preset")
         if name not in PRESETS:
-            raise XindaError(f"model.preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+            raise XindaError(f"{head}model.preset: unknown preset {name!r}; known: "
+                             f"{', '.join(PRESETS)}")
         fields.update(PRESETS[name])
     fields.update(spec)
     arch = fields.get("arch")
     if arch not in ARCHITECTURES:
-        raise XindaError(f"model.arch: unknown architecture {arch!r}; known: "
+        raise XindaError(f"{head}model.arch: unknown architecture {arch!r}; known: "
                          f"{', '.join(ARCHITECTURES)}")
     try:
         return ARCHITECTURES[arch].config.model_validate(fields)
     except ValidationError as err:
-        raise XindaError(format_validation_error(err, "model")) from None
+        raise XindaError(format_validation_error(err, where, "model")) from None
 
 
 def build_model(spec: dict[str, Any] | BaseModel, vocab: VocabInfo) -> Seq2SeqModel:
