@@ -6,15 +6,17 @@ stderr with exit code 1; nothing already written is lost (all outputs are writte
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from xinda.config import load_config
+from xinda.config import ExperimentConfig, load_config
 from xinda.errors import XindaError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -23,18 +25,45 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override: a.b=v
 log = logging.getLogger("xinda")
 
 
-@app.command()
+def command(func: Callable) -> Callable:
+    """``app.command()``, keeping typer's own handling of two exceptions away from the user:
+    it prints a bare "Aborted!" for an EOFError (which becomes a XindaError here; readers of
+    user files raise XindaError themselves, naming the file, so this is the last resort) and
+    exits silently on KeyboardInterrupt (here: "xinda: interrupted", exit code 130)."""
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except EOFError as err:
+            raise XindaError(f"unexpected end of input data ({err or 'EOFError'})") from None
+        except KeyboardInterrupt:
+            print("xinda: interrupted", file=sys.stderr)
+            raise typer.Exit(130) from None
+    return app.command()(run)
+
+
+def validated(cfg: ExperimentConfig, source: Path | str) -> ExperimentConfig:
+    """``cfg`` (read from ``source``) once its model section, a dict that ``load_config`` does
+    not check, is valid too: every command that reads an experiment config checks all of it
+    before doing any work."""
+    from xinda.models.registry import resolve
+
+    resolve(cfg.model, str(source))
+    return cfg
+
+
+@command
 def prepare(config: Path, set_: SetOpt = None) -> None:
     """Clean, pre-tokenise, learn sentencepiece and binarise the corpus of CONFIG's data."""
     from xinda.data.prepare import prepare as run_prepare
 
-    cfg = load_config(config, set_ or [])
+    cfg = validated(load_config(config, set_ or []), config)
     manifest = run_prepare(cfg.data)
     sizes = ", ".join(f"{k} {v['pairs']}" for k, v in manifest["splits"].items())
     print(f"prepared {cfg.data.out_dir}: {sizes}")
 
 
-@app.command()
+@command
 def train(config: Path, set_: SetOpt = None,
           resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint")] = False,
           ) -> None:
@@ -42,7 +71,7 @@ def train(config: Path, set_: SetOpt = None,
     from xinda.evaluate.validation import validation_bleu
     from xinda.train.trainer import Trainer
 
-    cfg = load_config(config, set_ or [])
+    cfg = validated(load_config(config, set_ or []), config)
     progress = Trainer(cfg, valid_bleu=validation_bleu(cfg)).train(resume=resume)
     print(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
           f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
@@ -66,7 +95,7 @@ def _write_output(path: Path | None, lines: list[str]) -> None:
         atomic_write_text(path, text)
 
 
-@app.command()
+@command
 def translate(
     model_dir: Path,
     input: Annotated[Path | None, typer.Option("-i", "--input", help="default: stdin")] = None,
@@ -128,7 +157,7 @@ def _plot_attention(results, folder: Path) -> None:
                            folder / f"{i:05d}.png", title=best.text[:80])
 
 
-@app.command()
+@command
 def evaluate(
     hypotheses: Path, references: Path,
     source: Annotated[Path | None, typer.Option(help="source file, for --by-length")] = None,
@@ -155,7 +184,7 @@ def evaluate(
         print(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize)))
 
 
-@app.command()
+@command
 def average(model_dir: Path,
             last: Annotated[int, typer.Option(help="average the newest N checkpoints")] = 5,
             output: Annotated[Path | None, typer.Option("-o")] = None) -> None:
@@ -168,7 +197,7 @@ def average(model_dir: Path,
     print(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")
 
 
-@app.command()
+@command
 def grow(model_dir: Path,
          to: Annotated[int, typer.Option("--to", help="encoder layers N of the grown model "
                                          "(h < N <= 2h)")],
@@ -182,7 +211,7 @@ def grow(model_dir: Path,
     print(f"grown -> {new_dir}; continue with: xinda train {new_dir / 'config.yaml'} --resume")
 
 
-@app.command()
+@command
 def models() -> None:
     """List registered model presets with their parameter counts (32k joint vocabulary)."""
     from xinda.data.vocab import VocabInfo
@@ -195,17 +224,18 @@ def models() -> None:
         print(f"{name:<28} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
 
 
-@app.command()
+@command
 def demo(
     workdir: Annotated[Path | None, typer.Option(
-        help="where data and model go [default: the demo config's, xinda-demo]")] = None,
+        help="where data and model go (default: the demo config's)")] = None,
     seconds: Annotated[float | None, typer.Option(
-        help="training budget in seconds [default: the demo config's]")] = None,
+        help="training budget in seconds (default: the demo config's)")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Generate a number-words -> digits task, train a small Transformer, translate and score."""
-    from xinda.demo.run import run_demo
+    from xinda.demo.run import DEMO_CONFIG, demo_config, run_demo
 
+    validated(demo_config(workdir, seconds, set_ or []), DEMO_CONFIG)  # before it deletes output
     run_demo(workdir, seconds, set_ or [])
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,30 +41,81 @@ def atomic_save(path: str | Path, save: Callable[[Path], None]) -> None:
         save(tmp)
 
 
+# Unicode category Cc except tab (tab is whitespace, collapsed like a space)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def has_control_chars(line: str) -> bool:
+    """Whether ``line`` holds a control character (Unicode Cc) other than tab."""
+    return _CONTROL.search(line) is not None
+
+
+def replace_control_chars(line: str) -> str:
+    """Replace each control character (Unicode Cc) other than tab by a space."""
+    return _CONTROL.sub(" ", line)
+
+
 def open_text(path: str | Path) -> IO[bytes]:
     """Open plain or gzip-compressed text as bytes (decoded per line by ``read_lines``)."""
     path = Path(path)
-    if not path.exists() or path.is_dir():  # not is_file(): /dev/stdin, pipes, <(...) are fine
+    if path.is_dir():
+        raise XindaError(f"{path}: is a directory, not a file")
+    if not path.exists():  # not is_file(): /dev/stdin, pipes, <(...) are fine
         raise XindaError(f"{path}: file not found")
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except OSError as err:
+        raise XindaError(f"{path}: cannot open: {err.strerror or err}") from None
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (plain or .gz) without newlines.
 
-    Raises XindaError naming the file and 1-based line on invalid UTF-8.
+    Raises XindaError naming the file and 1-based line on invalid UTF-8, and naming the file,
+    the cause and the last line read on a truncated, corrupt or non-gzip ``.gz`` file.
     """
     with open_text(path) as f:
         yield from decode_lines(f, str(path))
 
 
+def _read_error(name: str, lines_read: int, err: Exception) -> str:
+    """One line for an error while reading ``name`` after ``lines_read`` complete lines."""
+    where = f"after line {lines_read}" if lines_read else "before the first line"
+    if isinstance(err, EOFError):
+        return f"{name}: truncated gzip file: the compressed data ends early ({where})"
+    message = str(err)
+    if isinstance(err, gzip.BadGzipFile) and message.startswith("Not a gzipped file"):
+        if not lines_read:
+            return f"{name}: not a gzip file (the name ends in .gz but the data is not gzip)"
+        return f"{name}: corrupt gzip file: data after the compressed stream is not gzip ({where})"
+    if isinstance(err, (gzip.BadGzipFile, zlib.error)):
+        return f"{name}: corrupt gzip file: {message} ({where})"
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else message
+    return f"{name}: read error: {reason} ({where})"
+
+
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
-    """Decode a binary line stream as UTF-8; ``name`` (a path or "<stdin>") goes in errors."""
-    for lineno, raw in enumerate(stream, start=1):
+    """Decode a binary line stream as UTF-8; ``name`` (a path or "<stdin>") goes in errors.
+
+    A stream that fails while being read (truncated or corrupt gzip, I/O error) raises
+    XindaError, never EOFError: the CLI framework would turn that into a bare "Aborted!".
+    A UTF-8 byte-order mark at the start of the stream is dropped.
+    """
+    lines, lineno = iter(stream), 0
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            return
+        except (EOFError, OSError, zlib.error) as err:
+            raise XindaError(_read_error(name, lineno, err)) from None
+        lineno += 1
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
             bad = raw[err.start:err.start + 1]
             raise XindaError(f"{name}:{lineno}: invalid UTF-8 (byte {err.start}: {bad!r})"
                              ) from None
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")  # byte-order mark
         yield line.rstrip("\r\n")

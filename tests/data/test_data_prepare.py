@@ -154,11 +154,11 @@ def test_filter_report_counts(tmp_path, capsys):
     ]
     cfg = config(tmp_path, train=write_corpus(tmp_path / "train", crafted), max_len=40)
     report = prepare(cfg)["filter_report"]
-    dropped = {"empty": 1, "too_long": 1, "length_ratio": 1, "duplicate": 1}
+    dropped = {"empty": 1, "too_long": 1, "length_ratio": 1, "duplicate": 1, "control_chars": 0}
     assert report == {"read": 204, "kept": 200, "dropped": dropped}
     assert load_split(cfg.out_dir, "train")[0].lengths.max() <= 40
     assert ("train: read 204 pairs, kept 200; dropped: empty 1, too long 1, length ratio 1, "
-            "duplicate 1") in capsys.readouterr().out
+            "duplicate 1, control characters 0") in capsys.readouterr().out
 
 
 def test_dedup_off_keeps_duplicates(tmp_path):

@@ -10,6 +10,18 @@ Output directory layout (``cfg.out_dir``)::
 
 ``side`` is ``src`` or ``tgt``; ``split`` is ``train``, ``valid`` or a test-set name.
 Only ``train`` is filtered; valid and test sets keep every line (even empty ones).
+
+Control characters (Unicode category Cc other than tab, which is whitespace and collapsed like
+a space: NUL, escape, carriage return inside a line, ...) never reach sentencepiece or the
+arrays. A training pair with one on either side is dropped and counted under ``control_chars``
+in the filter report (like every filter, before sentencepiece is trained, so it never learns
+them). In valid and test sets, which keep every line, each one is replaced by a space (the
+whitespace then collapses) in the arrays and in ``{split}.{side}.txt``; the number of lines so
+cleaned is logged with the split and stored as ``control_chars_cleaned`` in its stats.
+
+``manifest.json`` records ``vocab_sizes``, the number of pieces of each side's sentencepiece
+model; a trained model with fewer pieces than ``data.vocab_size`` (too little training text)
+is also logged as a warning.
 """
 
 from __future__ import annotations
@@ -29,7 +41,13 @@ from xinda.data.manifest import FORMAT_VERSION, MANIFEST, SIDES
 from xinda.data.text import TextPipeline
 from xinda.data.vocab import SPECIAL_IDS, Vocab
 from xinda.errors import XindaError
-from xinda.utils import atomic_path, atomic_write_text, read_lines
+from xinda.utils import (
+    atomic_path,
+    atomic_write_text,
+    has_control_chars,
+    read_lines,
+    replace_control_chars,
+)
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENCODE_CHUNK = 20_000
@@ -54,11 +72,13 @@ def encode_lines(sp: spm.SentencePieceProcessor, lines: Sequence[str]) -> TokenA
 def corpus_file(prefix: str, lang: str) -> Path:
     """``{prefix}.{lang}`` if it exists, else ``{prefix}.{lang}.gz``."""
     plain = Path(f"{prefix}.{lang}")
-    if plain.is_file():
-        return plain
     gz = Path(f"{plain}.gz")
-    if gz.is_file():
-        return gz
+    for path in (plain, gz):
+        if path.is_file():
+            return path
+    for path in (plain, gz):
+        if path.is_dir():
+            raise XindaError(f"{path}: is a directory, not a corpus file")
     raise XindaError(f"{plain}: file not found (nor {gz})")
 
 
@@ -74,6 +94,21 @@ def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pair:
         n = len(sides[short])
         raise XindaError(f"{paths[short]}:{n}: ends after {n} lines but {paths[long_]} has more")
     return sides[0], sides[1]
+
+
+def control_mask(pair: Pair) -> np.ndarray:
+    """True for each pair with a control character (Cc other than tab) on either side."""
+    return np.array([has_control_chars(s) or has_control_chars(t) for s, t in zip(*pair)],
+                    dtype=bool)
+
+
+def clean_control(pair: Pair) -> tuple[Pair, int]:
+    """Replace control characters by spaces; return the pair and how many lines changed."""
+    cleaned, changed = [], 0
+    for lines in pair:
+        cleaned.append([replace_control_chars(x) if has_control_chars(x) else x for x in lines])
+        changed += sum(has_control_chars(x) for x in lines)
+    return (cleaned[0], cleaned[1]), changed
 
 
 def _split_prefixes(cfg: DataConfig) -> dict[str, str]:
@@ -158,20 +193,22 @@ def _report(read: int, dropped: dict[str, int]) -> dict:
     return {"read": read, "kept": read - sum(dropped.values()), "dropped": dropped}
 
 
-def format_report(split: str, report: dict) -> str:
+def _dropped_counts(report: dict) -> str:
     d = report["dropped"]
+    return (f"empty {d['empty']}, too long {d['too_long']}, length ratio {d['length_ratio']}, "
+            f"duplicate {d['duplicate']}, control characters {d['control_chars']}")
+
+
+def format_report(split: str, report: dict) -> str:
     return (f"{split}: read {report['read']} pairs, kept {report['kept']}; dropped: "
-            f"empty {d['empty']}, too long {d['too_long']}, length ratio {d['length_ratio']}, "
-            f"duplicate {d['duplicate']}")
+            f"{_dropped_counts(report)}")
 
 
 def _check_not_all_filtered(prefix: str, report: dict) -> None:
     if report["kept"] == 0:
-        d = report["dropped"]
         raise XindaError(
-            f"{prefix}: all {report['read']} training pairs were removed by filtering (empty "
-            f"{d['empty']}, too long {d['too_long']}, length ratio {d['length_ratio']}, "
-            f"duplicate {d['duplicate']}; see data.max_len, data.max_len_ratio)"
+            f"{prefix}: all {report['read']} training pairs were removed by filtering "
+            f"({_dropped_counts(report)}; see data.max_len, data.max_len_ratio)"
         )
 
 
@@ -187,13 +224,16 @@ def _first_occurrences(raw: Pair, candidates: np.ndarray) -> np.ndarray:
     return first
 
 
-def filter_train(raw: Pair, src: TokenArrays, tgt: TokenArrays,
-                 cfg: DataConfig) -> tuple[np.ndarray, dict]:
-    """Keep-mask and report; each dropped pair is counted under its first failed check."""
+def filter_train(raw: Pair, src: TokenArrays, tgt: TokenArrays, cfg: DataConfig,
+                 control: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """Keep-mask and report; each dropped pair is counted under its first failed check
+    (``control``, the pairs with control characters, first)."""
     ls, lt = src.lengths, tgt.lengths
-    empty = (ls == 0) | (lt == 0)
-    too_long = ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
-    ok = ~empty & ~too_long
+    if control is None:
+        control = np.zeros(len(ls), dtype=bool)
+    empty = ~control & ((ls == 0) | (lt == 0))
+    too_long = ~control & ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
+    ok = ~control & ~empty & ~too_long
     ratio = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
     bad_ratio = ok & (ratio > cfg.max_len_ratio)
     keep = ok & ~bad_ratio
@@ -202,7 +242,7 @@ def filter_train(raw: Pair, src: TokenArrays, tgt: TokenArrays,
         duplicate = keep & ~_first_occurrences(raw, keep)
         keep &= ~duplicate
     counts = {"empty": empty, "too_long": too_long, "length_ratio": bad_ratio,
-              "duplicate": duplicate}
+              "duplicate": duplicate, "control_chars": control}
     return keep, _report(len(ls), {k: int(v.sum()) for k, v in counts.items()})
 
 
@@ -216,21 +256,42 @@ def _pipelines(cfg: DataConfig) -> dict[str, TextPipeline]:
     }
 
 
-def _precheck_empty(prefix: str, text: Pair) -> None:
-    """Fail before training sentencepiece if every training pair has an empty side."""
-    n = len(text[0])
-    if not any(s and t for s, t in zip(*text)):
-        _check_not_all_filtered(prefix, _report(n, {"empty": n, "too_long": 0,
-                                                    "length_ratio": 0, "duplicate": 0}))
+def _precheck_empty(prefix: str, text: Pair, control: np.ndarray) -> None:
+    """Fail before training sentencepiece if every training pair has an empty side or a
+    control character."""
+    n, n_control = len(text[0]), int(control.sum())
+    if not any(s and t and not c for s, t, c in zip(*text, control)):
+        _check_not_all_filtered(prefix, _report(n, {
+            "empty": n - n_control, "too_long": 0, "length_ratio": 0, "duplicate": 0,
+            "control_chars": n_control}))
+
+
+def _blank(text: Pair, mask: np.ndarray) -> Pair:
+    """``text`` with the masked pairs emptied (kept out of sentencepiece and the arrays)."""
+    src, tgt = (["" if m else x for x, m in zip(lines, mask)] for lines in text)
+    return src, tgt
+
+
+def _check_vocab_sizes(cfg: DataConfig, spm_files: dict[str, str], vocabs: dict[str, Vocab],
+                       log: Callable[[str], None]) -> dict[str, int]:
+    """Pieces per side; warn about a trained model smaller than ``data.vocab_size``."""
+    sizes = {side: vocabs[side].pieces for side in SIDES}
+    if not cfg.spm_model:  # a given model is used as it is
+        for name, n in {spm_files[side]: sizes[side] for side in SIDES}.items():
+            if n < cfg.vocab_size:
+                log(f"warning: {name} has {n} pieces, fewer than data.vocab_size "
+                    f"{cfg.vocab_size} (the training text is too small)")
+    return sizes
 
 
 def _binarise_split(split: str, raw: Pair, text: Pair, vocabs: dict[str, Vocab],
-                    cfg: DataConfig, out_dir: Path) -> tuple[dict, dict | None]:
+                    cfg: DataConfig, out_dir: Path,
+                    control: np.ndarray | None = None) -> tuple[dict, dict | None]:
     """Encode, filter (train only) and write one split; return its stats and filter report."""
     src, tgt = (encode_lines(vocabs[side].sp, lines) for side, lines in zip(SIDES, text))
     report = None
     if split == "train":
-        keep, report = filter_train(raw, src, tgt, cfg)
+        keep, report = filter_train(raw, src, tgt, cfg, control)
         _check_not_all_filtered(cfg.train, report)
         src, tgt = src.select(keep), tgt.select(keep)
     else:
@@ -246,29 +307,40 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
     """Run the whole ``xinda prepare`` pipeline; write ``cfg.out_dir`` and return the manifest."""
     prefixes = _split_prefixes(cfg)
     raw = {split: read_parallel(p, cfg.src_lang, cfg.tgt_lang) for split, p in prefixes.items()}
+    control = control_mask(raw["train"])
+    cleaned = {}
+    for split in [name for name in raw if name != "train"]:
+        raw[split], cleaned[split] = clean_control(raw[split])
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the end
     pipes = _pipelines(cfg)
     text = {split: tuple(pipes[side].preprocess_many(lines) for side, lines in zip(SIDES, pair))
             for split, pair in raw.items()}
-    _precheck_empty(cfg.train, text["train"])
+    text["train"] = _blank(text["train"], control)
+    _precheck_empty(cfg.train, text["train"], control)
     spm_files = build_spm(cfg, out_dir, text["train"])
     vocabs = {side: Vocab(out_dir / spm_files[side]) for side in SIDES}
+    vocab_sizes = _check_vocab_sizes(cfg, spm_files, vocabs, log)
     splits, filter_report = {}, {}
     for split, pair in raw.items():
-        splits[split], report = _binarise_split(split, pair, text[split], vocabs, cfg, out_dir)
+        splits[split], report = _binarise_split(split, pair, text[split], vocabs, cfg, out_dir,
+                                                control if split == "train" else None)
         if report is not None:
             filter_report = report
             log(format_report(split, report))
         else:
-            log(f"{split}: {splits[split]['pairs']} pairs (not filtered)")
+            splits[split]["control_chars_cleaned"] = cleaned[split]
+            note = (f"; {cleaned[split]} lines with control characters cleaned"
+                    if cleaned[split] else "")
+            log(f"{split}: {splits[split]['pairs']} pairs (not filtered{note})")
     manifest = {
         "format_version": FORMAT_VERSION,
         "src_lang": cfg.src_lang,
         "tgt_lang": cfg.tgt_lang,
         "joint_vocab": spm_files["src"] == spm_files["tgt"],
         "spm": spm_files,
+        "vocab_sizes": vocab_sizes,
         "text": {side: pipes[side].to_dict() for side in SIDES},
         "splits": splits,
         "filter_report": filter_report,

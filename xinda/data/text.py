@@ -18,6 +18,7 @@ from itertools import pairwise
 from typing import get_args
 
 from xinda.config import Normalization, Pretok
+from xinda.utils import replace_control_chars
 
 SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
 _CLOSING = ",;:!?.)]}%"
@@ -98,12 +99,13 @@ class TextPipeline:
         return asdict(self)
 
     def clean(self, line: str) -> str:
-        """Normalisation, lowercasing and whitespace collapse (no tokenisation)."""
+        """Normalisation, lowercasing, control characters to spaces (as ``xinda prepare`` does
+        to valid/test lines) and whitespace collapse (no tokenisation)."""
         if self.normalize != "none":
             line = unicodedata.normalize(self.normalize, line)
         if self.lowercase:
             line = line.lower()
-        return " ".join(line.split())
+        return " ".join(replace_control_chars(line).split())
 
     def preprocess(self, line: str) -> str:
         """Raw line -> cleaned, pre-tokenised text ready for sentencepiece."""

@@ -34,6 +34,7 @@ class Vocab:
         self.path = Path(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
         n = self.sp.get_piece_size()
+        self.pieces = n  # the sentencepiece model's own pieces (``size`` adds missing specials)
         self.unk = self.sp.unk_id()
         self.bos = self.sp.bos_id() if self.sp.bos_id() >= 0 else self._extra(n, 0)
         self.eos = self.sp.eos_id() if self.sp.eos_id() >= 0 else self._extra(n, 1)

@@ -54,12 +54,16 @@ class Translator:
         load_weights(model, checkpoint or default_weights(model_dir))
         return cls(model.to(device), cfg, vocabs)
 
-    def encode_source(self, line: str, pieces_in: bool) -> list[int]:
-        """One input line -> source ids + EOS, truncated to ``max_input_len``."""
+    def encode_source(self, line: str, pieces_in: bool) -> list[int] | None:
+        """One input line -> source ids + EOS, truncated to ``max_input_len``; None for a line
+        with nothing left to translate after cleaning (blank, or control characters only)."""
         if pieces_in:
             ids = self.src_vocab.pieces_to_ids(line.split())
         else:
-            ids = self.src_vocab.encode(self.src_text.preprocess(line))
+            text = self.src_text.preprocess(line)
+            ids = self.src_vocab.encode(text) if text else []
+        if not ids:
+            return None
         limit = self.cfg.decode.max_input_len
         if len(ids) > limit:
             log.warning("input of %d tokens truncated to %d: %.40s...", len(ids), limit, line)
@@ -76,8 +80,7 @@ class Translator:
         reads/writes sentencepiece pieces.
         """
         dec = DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
-        sources = [self.encode_source(line, input_format == "pieces") if line.strip() else None
-                   for line in lines]
+        sources = [self.encode_source(line, input_format == "pieces") for line in lines]
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         for start in range(0, len(order), dec.batch_size):

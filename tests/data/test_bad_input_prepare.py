@@ -1,0 +1,278 @@
+"""Bad corpora for ``xinda prepare``: broken .gz files, directories where files belong, control
+characters and a corpus too small for the requested vocabulary."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xinda.config import DataConfig
+from xinda.data.manifest import load_split, load_vocabularies
+from xinda.data.prepare import corpus_file, filter_train, prepare
+from xinda.errors import XindaError
+from xinda.utils import decode_lines, has_control_chars, read_lines, replace_control_chars
+
+WORDS = ["the", "a", "cat", "dog", "man", "sees", "likes", "big", "small", "red", "house", "car",
+         "and", "runs", "home"]
+
+
+def lines(n: int, offset: int = 0) -> list[str]:
+    """``n`` distinct short sentences."""
+    return [f"{WORDS[(i + offset) % 15]} {WORDS[(i // 15) % 15]} {WORDS[(i * 7) % 15]} {i}"
+            for i in range(n)]
+
+
+def write(path: Path, text: list[str]) -> Path:
+    path.write_text("".join(f"{x}\n" for x in text), encoding="utf-8")
+    return path
+
+
+def corpus(folder: Path, name: str, src: list[str], tgt: list[str]) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    write(folder / f"{name}.en", src)
+    write(folder / f"{name}.de", tgt)
+    return str(folder / name)
+
+
+def config(tmp_path: Path, **kw) -> DataConfig:
+    base = {"src_lang": "en", "tgt_lang": "de", "vocab_size": 40, "out_dir": str(tmp_path / "bin"),
+            "normalize": "none"}
+    return DataConfig(**(base | kw))
+
+
+def prepare_error(cfg: DataConfig) -> str:
+    with pytest.raises(XindaError) as info:
+        prepare(cfg, log=lambda _: None)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+GZ_TEXT = "".join(f"{x}\n" for x in lines(3000)).encode()
+
+
+def broken_gz(kind: str) -> bytes:
+    data = gzip.compress(GZ_TEXT)
+    if kind == "truncated":
+        return data[:len(data) // 2]
+    if kind == "crc":  # the CRC-32 in the trailer
+        return data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:]
+    if kind == "corrupt":  # a flipped byte in the middle of the deflate stream
+        return data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
+    if kind == "trailing":
+        return data + b"not gzip"
+    return GZ_TEXT  # "plain": not gzip at all
+
+
+def read_error(path: Path) -> str:
+    with pytest.raises(XindaError) as info:
+        list(read_lines(path))
+    return str(info.value)
+
+
+# ---------------------------------------------------------------- compressed input
+
+
+def test_truncated_gz_names_file_and_last_line(tmp_path):
+    path = tmp_path / "train.en.gz"
+    path.write_bytes(broken_gz("truncated"))
+    with gzip.open(path, "rb") as f:  # what gzip itself manages to read before it stops
+        complete = 0
+        with pytest.raises(EOFError):
+            for _ in f:
+                complete += 1
+    assert 0 < complete < 3000
+    message = read_error(path)
+    assert message == (f"{path}: truncated gzip file: the compressed data ends early "
+                       f"(after line {complete})")
+
+
+@pytest.mark.parametrize("kind, cause", [
+    ("crc", "corrupt gzip file: CRC check failed"),
+    ("corrupt", "corrupt gzip file: Error -3 while decompressing"),
+    ("trailing", "corrupt gzip file: data after the compressed stream is not gzip"),
+    ("plain", "not a gzip file"),
+])
+def test_corrupt_gz_names_file_and_cause(tmp_path, kind, cause):
+    path = tmp_path / "train.en.gz"
+    path.write_bytes(broken_gz(kind))
+    message = read_error(path)
+    assert message.startswith(f"{path}: {cause}"), message
+    if kind in ("crc", "trailing"):  # detected at the end of the stream, after every line
+        assert message.endswith("(after line 3000)")
+
+
+def test_stream_errors_never_escape_as_eof_or_os_error():
+    class Failing:
+        def __init__(self, exc: BaseException):
+            self.exc = exc
+
+        def __iter__(self):
+            yield b"one\n"
+            raise self.exc
+
+    for exc in (EOFError("eof"), OSError(5, "Input/output error"), zlib.error("bad")):
+        with pytest.raises(XindaError, match=r"^<stdin>: .*\(after line 1\)$"):
+            list(decode_lines(Failing(exc), "<stdin>"))
+
+
+def test_prepare_truncated_gz_writes_nothing(tmp_path):
+    prefix = corpus(tmp_path, "train", lines(3000), lines(3000, 1))
+    gz = tmp_path / "train.de.gz"
+    (tmp_path / "train.de").unlink()
+    gz.write_bytes(broken_gz("truncated"))
+    message = prepare_error(config(tmp_path, train=prefix))
+    assert message.startswith(f"{gz}: truncated gzip file") and "after line " in message
+    assert not (tmp_path / "bin").exists()
+
+
+# ---------------------------------------------------------------- directories
+
+
+def test_directory_is_not_reported_as_missing(tmp_path):
+    (tmp_path / "train.en").mkdir()
+    assert read_error(tmp_path / "train.en") == f"{tmp_path / 'train.en'}: is a directory, not a file"
+    with pytest.raises(XindaError) as info:
+        corpus_file(str(tmp_path / "train"), "en")
+    assert str(info.value) == f"{tmp_path / 'train.en'}: is a directory, not a corpus file"
+    write(tmp_path / "train.de", ["x"])
+    message = prepare_error(config(tmp_path, train=str(tmp_path / "train")))
+    assert "train.en: is a directory" in message and "not found" not in message
+
+
+def test_gz_beside_a_directory_is_used(tmp_path):
+    (tmp_path / "train.en").mkdir()
+    with gzip.open(tmp_path / "train.en.gz", "wb") as f:
+        f.write(b"x\n")
+    assert corpus_file(str(tmp_path / "train"), "en") == tmp_path / "train.en.gz"
+
+
+# ---------------------------------------------------------------- control characters
+
+
+def test_control_chars_are_cc_except_tab():
+    import unicodedata
+
+    for code in range(0x3000):
+        char = chr(code)
+        assert has_control_chars(f"a{char}b") == (unicodedata.category(char) == "Cc"
+                                                  and char != "\t"), hex(code)
+    assert replace_control_chars("a\x00b\x1bc\x7f\td") == "a b c \td"
+
+
+def test_training_pairs_with_control_chars_are_dropped(tmp_path, capsys):
+    src, tgt = lines(200), lines(200, 1)
+    src[3] = "the\x00cat sees"  # NUL
+    tgt[7] = "der \x1b[31mhund"  # an ANSI escape
+    src[9] = "tab\tis fine"  # tab: whitespace, kept
+    src[11] = "carriage\rreturn"  # inside the line
+    cfg = config(tmp_path, train=corpus(tmp_path, "train", src, tgt))
+    manifest = prepare(cfg)
+    report = manifest["filter_report"]
+    assert report["dropped"]["control_chars"] == 3 and report["kept"] == 197
+    assert manifest["splits"]["train"]["pairs"] == 197
+    out = capsys.readouterr().out
+    assert "train: read 200 pairs, kept 197; dropped:" in out and "control characters 3" in out
+    vocab = load_vocabularies(cfg.out_dir).src
+    pieces = {vocab.sp.id_to_piece(i) for i in range(vocab.pieces)}
+    assert not any(has_control_chars(p) for p in pieces)  # sentencepiece never saw them
+
+
+def test_control_chars_counted_before_other_filters(tmp_path):
+    cfg = config(tmp_path, max_len=40)
+    raw = (["a", "b\x00", "", "\x01"], ["x", "", "y", "z"])
+    from xinda.data.arrays import TokenArrays
+
+    src = TokenArrays.from_sequences([[5], [], [], [6]])
+    tgt = TokenArrays.from_sequences([[5], [], [6], [7]])
+    control = np.array([False, True, False, True])
+    keep, report = filter_train(raw, src, tgt, cfg, control)
+    assert keep.tolist() == [True, False, False, False]
+    assert report["dropped"] == {"empty": 1, "too_long": 0, "length_ratio": 0, "duplicate": 0,
+                                 "control_chars": 2}
+
+
+def test_all_pairs_with_control_chars_is_an_error(tmp_path):
+    src = [f"{x}\x00" for x in lines(20)]
+    prefix = corpus(tmp_path, "train", src, lines(20, 1))
+    message = prepare_error(config(tmp_path, train=prefix))
+    assert message.startswith(f"{prefix}: all 20 training pairs were removed by filtering")
+    assert "control characters 20" in message and "empty 0" in message
+
+
+def test_valid_and_test_lines_are_cleaned_not_dropped(tmp_path):
+    train = corpus(tmp_path, "train", lines(200), lines(200, 1))
+    valid_src = ["the\x00cat", "plain line", "\x07", "a\tb"]
+    valid_tgt = ["der hund", "ok\x7f", "leer", "c d"]
+    valid = corpus(tmp_path, "valid", valid_src, valid_tgt)
+    test = corpus(tmp_path, "test1", ["x\x0cy"], ["z"])
+    logged: list[str] = []
+    cfg = config(tmp_path, train=train, valid=valid, test={"test1": test})
+    manifest = prepare(cfg, log=logged.append)
+    assert manifest["splits"]["valid"]["pairs"] == 4  # every line kept
+    assert manifest["splits"]["valid"]["control_chars_cleaned"] == 3
+    assert manifest["splits"]["test1"]["control_chars_cleaned"] == 1
+    assert "valid: 4 pairs (not filtered; 3 lines with control characters cleaned)" in logged
+    assert "test1: 1 pairs (not filtered; 1 lines with control characters cleaned)" in logged
+    out = Path(cfg.out_dir)
+    assert (out / "valid.src.txt").read_text(encoding="utf-8") == "the cat\nplain line\n \na\tb\n"
+    assert (out / "valid.tgt.txt").read_text(encoding="utf-8") == "der hund\nok \nleer\nc d\n"
+    vocabs = load_vocabularies(out)
+    src, _ = load_split(out, "valid")
+    assert vocabs.src.decode(src[0].tolist()) == "the cat"  # the space collapsed like any other
+    assert len(src[2]) == 0  # a line of control characters only is an empty line
+
+
+# ---------------------------------------------------------------- vocabulary size
+
+
+def test_small_corpus_warns_about_vocab_size(tmp_path):
+    prefix = corpus(tmp_path, "train", ["the cat sees the dog"], ["der hund"])
+    logged: list[str] = []
+    manifest = prepare(config(tmp_path, train=prefix, vocab_size=8000), log=logged.append)
+    n = manifest["vocab_sizes"]["src"]
+    assert manifest["vocab_sizes"] == {"src": n, "tgt": n} and 4 < n < 8000
+    warnings = [x for x in logged if x.startswith("warning:")]
+    assert warnings == [(f"warning: spm.model has {n} pieces, fewer than data.vocab_size 8000 "
+                         "(the training text is too small)")]
+    saved = json.loads((tmp_path / "bin" / "manifest.json").read_text(encoding="utf-8"))
+    assert saved["vocab_sizes"] == {"src": n, "tgt": n}
+
+
+def test_separate_vocabularies_warn_per_model(tmp_path):
+    prefix = corpus(tmp_path, "train", lines(300), lines(300, 1))
+    logged: list[str] = []
+    cfg = config(tmp_path, train=prefix, vocab_size=5000, joint_vocab=False)
+    manifest = prepare(cfg, log=logged.append)
+    sizes = manifest["vocab_sizes"]
+    assert [x.split(" has ")[0] for x in logged if x.startswith("warning:")] == [
+        "warning: spm.src.model", "warning: spm.tgt.model"]
+    assert f"warning: spm.tgt.model has {sizes['tgt']} pieces" in "\n".join(logged)
+
+
+def test_reached_vocab_size_gives_no_warning(tmp_path):
+    prefix = corpus(tmp_path, "train", lines(300), lines(300, 1))
+    logged: list[str] = []
+    manifest = prepare(config(tmp_path, train=prefix, vocab_size=60), log=logged.append)
+    assert manifest["vocab_sizes"] == {"src": 60, "tgt": 60}
+    assert not [x for x in logged if x.startswith("warning:")]
+
+
+def test_a_byte_order_mark_is_dropped_from_the_first_line_only():
+    import io
+
+    lines = list(decode_lines(io.BytesIO("\ufeffone\n\ufefftwo\n".encode()), "bom.txt"))
+    assert lines == ["one", "\ufefftwo"]
+
+
+def test_translation_cleans_control_characters_like_prepare():
+    from xinda.data.text import TextPipeline
+
+    pipe = TextPipeline("NFKC", False, "none", "en")
+    assert pipe.clean("a\x00b\x1b[0mc\x7f d\te") == "a b [0mc d e"
+    assert pipe.clean("\x00\x01\x02") == ""

@@ -1,0 +1,163 @@
+"""Bad input to ``xinda prepare`` / ``train`` / ``demo`` found by the issue: broken .gz corpora,
+directories, invalid model sections, control characters and a too small corpus. Each failure is
+one ``xinda: error:`` line naming the file and the cause, and nothing is written."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+import yaml
+
+TINY_MODEL = {"arch": "transformer", "d_model": 32, "heads": 2, "ffn_dim": 64,
+              "encoder_layers": 1, "decoder_layers": 1}
+GOOD = [f"line {i} of text" for i in range(6)]
+
+
+def write_side(path, lines: list[str]) -> None:
+    path.write_bytes("".join(f"{x}\n" for x in lines).encode("utf-8"))
+
+
+def write_corpus(folder, name, src: list[str], tgt: list[str]) -> str:
+    write_side(folder / f"{name}.en", src)
+    write_side(folder / f"{name}.de", tgt)
+    return str(folder / name)
+
+
+def write_config(folder, model: dict | None = None, **data) -> str:
+    path = folder / "config.yaml"
+    data = {"out_dir": str(folder / "data-bin"), "vocab_size": 40, **data}
+    tree = {"data": data, "model": model or dict(TINY_MODEL),
+            "train": {"out_dir": str(folder / "model"), "device": "cpu"}}
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    return str(path)
+
+
+def test_truncated_gz_corpus_is_not_a_bare_abort(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    (tmp_path / "corpus.de").unlink()
+    data = gzip.compress("".join(f"zeile {i}\n" for i in range(5000)).encode())
+    (tmp_path / "corpus.de.gz").write_bytes(data[:len(data) // 2])
+    proc = xinda("prepare", write_config(tmp_path, train=prefix), ok=False)
+    last = one_line_error(proc, f"{prefix}.de.gz: truncated gzip file", "after line ")
+    assert proc.returncode == 1 and "Aborted" not in proc.stderr, last
+    assert not (tmp_path / "data-bin").exists()
+
+
+def test_not_gzip_corpus(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    (tmp_path / "corpus.de").rename(tmp_path / "corpus.de.gz")  # plain text named .gz
+    proc = xinda("prepare", write_config(tmp_path, train=prefix), ok=False)
+    one_line_error(proc, f"{prefix}.de.gz: not a gzip file")
+    assert not (tmp_path / "data-bin").exists()
+
+
+def test_directory_as_corpus(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    (tmp_path / "corpus.de").unlink()
+    (tmp_path / "corpus.de").mkdir()
+    proc = xinda("prepare", write_config(tmp_path, train=prefix), ok=False)
+    last = one_line_error(proc, f"{prefix}.de: is a directory")
+    assert "not found" not in last
+
+
+def test_translate_reports_directory_input(trained, xinda, one_line_error, tmp_path):
+    proc = xinda("translate", trained.model_dir, "-i", tmp_path, ok=False)
+    one_line_error(proc, f"{tmp_path}: is a directory")
+
+
+@pytest.mark.parametrize("model, fragments", [
+    ({**TINY_MODEL, "bogus_key": 1}, ("model.bogus_key:", "Extra inputs")),
+    ({**TINY_MODEL, "d_model": "wide"}, ("model.d_model:", "integer")),
+    ({"preset": "transformer-nope"}, ("model.preset:", "transformer-nope")),
+])
+def test_prepare_validates_the_model_section_first(xinda, one_line_error, tmp_path, model,
+                                                   fragments):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    config = write_config(tmp_path, model=model, train=prefix)
+    one_line_error(xinda("prepare", config, ok=False), f"{config}: ", *fragments)
+    assert not (tmp_path / "data-bin").exists()  # nothing prepared, not even the folder
+
+
+def test_set_override_of_model_is_validated(xinda, one_line_error, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    config = write_config(tmp_path, train=prefix)
+    proc = xinda("prepare", config, "--set", "model.heads=two", ok=False)
+    one_line_error(proc, "model.heads:")
+    assert not (tmp_path / "data-bin").exists()
+
+
+def test_train_validates_the_model_section_first(xinda, one_line_error, tmp_path):
+    config = write_config(tmp_path, model={**TINY_MODEL, "bogus_key": 1}, train="unused")
+    one_line_error(xinda("train", config, ok=False), "model.bogus_key:")
+    assert not (tmp_path / "model").exists()
+
+
+def test_demo_validates_before_deleting_anything(xinda, one_line_error, tmp_path):
+    keep = tmp_path / "data-bin" / "keep.txt"  # run_demo would delete data-bin first
+    keep.parent.mkdir()
+    keep.write_text("old output", encoding="utf-8")
+    proc = xinda("demo", "--workdir", tmp_path, "--set", "model.bogus_key=1", ok=False)
+    one_line_error(proc, "model.bogus_key:")
+    assert keep.read_text(encoding="utf-8") == "old output"
+
+
+def test_control_characters_dropped_and_cleaned(xinda, tmp_path):
+    src = [f"source sentence number {i}" for i in range(40)]
+    tgt = [f"target sentence number {i}" for i in range(40)]
+    src[5], tgt[9] = "nul\x00inside", "escape \x1b[0m here"
+    train = write_corpus(tmp_path, "train", src, tgt)
+    valid = write_corpus(tmp_path, "valid", ["a\x00b", "c"], ["d", "e"])
+    proc = xinda("prepare", write_config(tmp_path, train=train, valid=valid, vocab_size=40))
+    assert "train: read 40 pairs, kept 38;" in proc.stdout
+    assert "control characters 2" in proc.stdout
+    assert "valid: 2 pairs (not filtered; 1 lines with control characters cleaned)" in proc.stdout
+    assert (tmp_path / "data-bin" / "valid.src.txt").read_text(encoding="utf-8") == "a b\nc\n"
+
+
+def test_corpus_smaller_than_vocab_size_warns(xinda, tmp_path):
+    prefix = write_corpus(tmp_path, "corpus", ["one small line"], ["eine kleine zeile"])
+    proc = xinda("prepare", write_config(tmp_path, train=prefix, vocab_size=8000))
+    warning = [x for x in proc.stdout.splitlines() if x.startswith("warning:")]
+    assert len(warning) == 1, proc.stdout
+    assert warning[0].startswith("warning: spm.model has ")
+    assert warning[0].endswith("pieces, fewer than data.vocab_size 8000 "
+                               "(the training text is too small)")
+    manifest = yaml.safe_load((tmp_path / "data-bin" / "manifest.json").read_text())
+    assert f"spm.model has {manifest['vocab_sizes']['src']} pieces" in warning[0]
+
+
+@pytest.mark.parametrize("exc, code, message", [
+    (EOFError("Compressed file ended"), 1,
+     "xinda: error: unexpected end of input data (Compressed file ended)"),
+    (KeyboardInterrupt(), 130, "xinda: interrupted"),
+])
+def test_typer_never_turns_an_exception_into_aborted(monkeypatch, capsys, tmp_path, exc, code,
+                                                     message):
+    """typer prints a bare "Aborted!" for an EOFError and exits silently on Ctrl-C; every
+    command says what happened instead (in-process: the command's work raises ``exc``)."""
+    import sys
+
+    import xinda.data.prepare
+    from xinda.cli import main
+
+    def fail(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(xinda.data.prepare, "prepare", fail)
+    config = write_config(tmp_path, train=str(tmp_path / "corpus"))
+    monkeypatch.setattr(sys, "argv", ["xinda", "prepare", config])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == code
+    err = capsys.readouterr().err
+    assert "Aborted" not in err and err.strip().splitlines()[-1] == message
+
+
+def test_a_line_of_control_characters_translates_to_an_empty_line(trained, xinda):
+    proc = xinda("translate", trained.model_dir, "--scores", "--beam", "2",
+                 input="five\n\x00\x01\x1b\n\n")
+    rows = proc.stdout.split("\n")
+    assert len(rows) == 4 and rows[-1] == ""  # three lines in, three out
+    assert rows[1] == "0.0000\t" and rows[2] == "0.0000\t"  # nothing left to translate
+    assert float(rows[0].split("\t")[0]) < 0  # a real line is decoded
