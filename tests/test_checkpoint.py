@@ -1,8 +1,10 @@
 """Checkpoint files: weights + state written together, and the state's format version checked
-before anything is loaded from it."""
+before anything is loaded from it. (Layout and format 1: test_checkpoint_format.py; torn
+checkpoints: test_checkpoint_torn.py; write and load failures: test_checkpoint_errors.py.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -37,24 +39,30 @@ def test_keep_last_deletes_older_checkpoints_with_their_states(tmp_path):
         save_checkpoint(tmp_path, step, model, {}, keep_last=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000003.safetensors",
                                                             "step_0000004.safetensors"]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.state.pt")) == [
-        "step_0000003.state.pt", "step_0000004.state.pt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_0000003.safetensors", "step_0000003.state.json", "step_0000003.state.safetensors",
+        "step_0000004.safetensors", "step_0000004.state.json", "step_0000004.state.safetensors"]
 
 
 def test_a_newer_format_asks_for_a_newer_xinda():
     with pytest.raises(XindaError, match=rf"format {FORMAT_VERSION + 1} is newer .* upgrade xinda"):
-        check_format({"format_version": FORMAT_VERSION + 1}, Path("x.state.pt"))
+        check_format({"format_version": FORMAT_VERSION + 1}, Path("x.state.json"))
 
 
-@pytest.mark.parametrize("state", [{}, {"format_version": 0}, {"format_version": "1"}, [1, 2]],
-                         ids=["missing", "zero", "string", "not-a-dict"])
+@pytest.mark.parametrize("state", [{}, {"format_version": 0}, {"format_version": "2"}, [1, 2],
+                                   {"format_version": True}],
+                         ids=["missing", "zero", "string", "not-a-dict", "bool"])
 def test_anything_else_is_not_a_training_state(state):
-    with pytest.raises(XindaError, match=r"x\.state\.pt: not a xinda training state"):
-        check_format(state, Path("x.state.pt"))
+    with pytest.raises(XindaError, match=r"x\.state\.json: not a xinda training state"):
+        check_format(state, Path("x.state.json"))
 
 
 def test_load_state_refuses_a_state_of_another_format(tmp_path):
     weights = save_checkpoint(tmp_path, 1, torch.nn.Linear(2, 2), {}, keep_last=1)
-    torch.save({"format_version": FORMAT_VERSION + 1}, weights.with_suffix(".state.pt"))
-    with pytest.raises(XindaError, match="step_0000001.state.pt: checkpoint format"):
+    meta = weights.with_suffix(".state.json")
+    document = json.loads(meta.read_text(encoding="utf-8"))
+    meta.write_text(json.dumps({**document, "format_version": FORMAT_VERSION + 1}))
+    with pytest.raises(XindaError, match="step_0000001.state.json: checkpoint format 3 is newer"):
         load_state(weights)
+    with pytest.raises(XindaError, match="upgrade xinda"):  # not silently skipped as torn
+        list_checkpoints(tmp_path)

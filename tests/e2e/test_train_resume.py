@@ -1,4 +1,5 @@
-"""SIGKILL during training, then ``--resume``: the result is bitwise the uninterrupted run's."""
+"""SIGKILL during training, then ``--resume``: the result is bitwise the uninterrupted run's,
+also when the kill tore the checkpoint being written (it is skipped, never loaded)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from xinda.checkpoint import list_checkpoints, load_state
+from xinda.checkpoint import list_checkpoints, load_state, state_json, state_tensors
 from xinda.data.batching import make_batches
 from xinda.data.manifest import load_split
 
@@ -54,9 +55,9 @@ def test_kill_and_resume_equals_uninterrupted(resume_config, xinda, xinda_popen,
 
     xinda("train", configs["A"])
 
-    # run B: SIGKILL as soon as the step-8 checkpoint is complete (its state file is renamed
+    # run B: SIGKILL as soon as the step-8 checkpoint is complete (its JSON document is renamed
     # into place last)
-    marker = b_dir / "checkpoints" / f"step_{KILL_AT:07d}.state.pt"
+    marker = b_dir / "checkpoints" / f"step_{KILL_AT:07d}.state.json"
     with (root / "B.first.log").open("w") as log:
         proc = xinda_popen("train", configs["B"], stdout=log, stderr=log)
         try:
@@ -73,14 +74,23 @@ def test_kill_and_resume_equals_uninterrupted(resume_config, xinda, xinda_popen,
         # checkpoint so that the resume below still has 16 updates and 2+ epochs to replay.
         for path in list_checkpoints(b_dir):
             if step_of(path) > KILL_AT:
-                path.unlink()
-                path.with_suffix(".state.pt").unlink()
+                for part in (state_json(path), state_tensors(path), path):
+                    part.unlink()
         (b_dir / "train_stats.json").unlink(missing_ok=True)
     assert not (b_dir / "train_stats.json").exists()  # B really was interrupted
-    resumed_from = step_of(list_checkpoints(b_dir)[-1])
+    newest = list_checkpoints(b_dir)[-1]
+    resumed_from = step_of(newest)
     assert KILL_AT <= resumed_from < STEPS
 
+    # a kill inside the next save leaves a torn checkpoint: weights and state tensors renamed
+    # into place, no JSON document yet; here the weights are even truncated
+    torn = newest.with_name(f"step_{resumed_from + SAVE_EVERY:07d}.safetensors")
+    torn.write_bytes(newest.read_bytes()[:-100])
+    state_tensors(torn).write_bytes(state_tensors(newest).read_bytes())
+    assert list_checkpoints(b_dir)[-1] == newest
+
     proc = xinda("train", configs["B"], "--resume")
+    assert f"skipping incomplete checkpoint {torn}" in proc.stderr
     assert f"resumed from step_{resumed_from:07d}" in proc.stderr
     assert f"trained {STEPS} updates" in proc.stdout
 

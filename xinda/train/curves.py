@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from xinda.utils import atomic_save
+
 FIELDS = ["step", "epoch", "lr", "train_loss", "train_nll", "tok_per_s", "elapsed_s",
           "valid_loss", "valid_ppl", "valid_bleu"]
 
@@ -17,11 +19,14 @@ class CsvLog:
                 csv.writer(f).writerow(FIELDS)
 
     def truncate_after(self, step: int) -> None:
-        """Drop rows logged after ``step`` (they are replayed when training resumes there)."""
-        with self.path.open(newline="") as f:
-            rows = list(csv.reader(f))
-        kept = [rows[0], *(r for r in rows[1:] if r and int(r[0]) <= step)]
-        from xinda.utils import atomic_save
+        """Drop rows logged after ``step`` (they are replayed when training resumes there), and a
+        last row torn by a crash while it was appended (no final newline, or not all fields)."""
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines.pop()  # torn: the process died while writing it
+        rows = list(csv.reader(lines))
+        kept = [FIELDS, *(r for r in rows[1:] if len(r) == len(FIELDS) and r[0].isdigit()
+                          and int(r[0]) <= step)]
 
         def write(tmp: Path) -> None:
             with tmp.open("w", newline="") as f:

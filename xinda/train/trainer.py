@@ -1,7 +1,15 @@
 """The training loop: token batches, label-smoothed loss, scheduled Adam/SGD, checkpoints that
 resume exactly, validation loss (and a validation score such as BLEU, computed by a callable the
 caller passes in: ``xinda.evaluate.validation``), early stopping, progress bar, CSV log and
-curves."""
+curves.
+
+Stopping: SIGINT (Ctrl-C) or SIGTERM asks training to stop. The update under way (or the
+end-of-epoch validation and checkpoint) finishes, a checkpoint of that update boundary is
+written, and KeyboardInterrupt is raised (``xinda train`` prints "interrupted", exit code 130);
+``--resume`` then continues exactly as if training had not stopped. A second signal stops at
+once, keeping the checkpoints already written. (The handlers are installed by ``Trainer.train``
+in the main thread only, and the previous ones restored when it returns.)
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,12 @@ import json
 import logging
 import math
 import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -77,6 +88,7 @@ class Trainer:
         self.has_valid = "valid" in self.manifest["splits"]
         self.progress = Progress()
         self.valid_bleu = valid_bleu
+        self.stop_signal: int | None = None  # a SIGINT/SIGTERM received while training
         if tc.valid_bleu and tc.run_validation and self.has_valid and valid_bleu is None:
             log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
                         "(xinda.evaluate.validation.validation_bleu builds one)")
@@ -121,9 +133,20 @@ class Trainer:
         ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
                              self.cfg.train.keep_last)
 
+    def save_unless_saved(self) -> None:
+        """Checkpoint the current update unless the newest checkpoint already holds it."""
+        newest = ckpt.list_checkpoints(self.out, verify=False)
+        if not newest or newest[-1].name != f"step_{self.progress.step:07d}.safetensors":
+            self.save()
+
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
-        self.prepare_output_dir(resume)
+        with _os_errors_named(self.out):
+            self.prepare_output_dir(resume)
+            with self.stop_on_signals():
+                return self._train()
+
+    def _train(self) -> Progress:
         tc, p = self.cfg.train, self.progress
         log.info("model %s: %s parameters, %s, %s", self.model_cfg.arch,
                  f"{self.model.num_parameters():,}", self.device, self.precision)
@@ -135,13 +158,50 @@ class Trainer:
             stop = self.train_epoch(batches)
             if not stop:
                 stop = self.end_of_epoch()
+                self.stop_if_asked()
         if p.batch and tc.run_validation and self.has_valid:  # stopped inside an epoch
             self.validate_and_keep_best()
-        newest = ckpt.list_checkpoints(self.out)
-        if not newest or newest[-1].name != f"step_{p.step:07d}.safetensors":
-            self.save()
+        self.save_unless_saved()
         self.write_stats()
         return p
+
+    # ------------------------------------------------------------------ SIGINT and SIGTERM
+    @contextmanager
+    def stop_on_signals(self) -> Iterator[None]:
+        """While training, SIGINT and SIGTERM set ``stop_signal`` (see ``stop_if_asked``);
+        a second one raises KeyboardInterrupt at once. Main thread only; a signal that is
+        ignored (SIG_IGN, e.g. under nohup) stays ignored."""
+        previous, self.stop_signal = {}, None
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                handler = signal.getsignal(sig)
+                if handler is not signal.SIG_IGN:
+                    previous[sig] = handler
+                    signal.signal(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_signal is not None:
+            log.warning("%s again: stopping now (the checkpoints written so far are kept)", name)
+            raise KeyboardInterrupt
+        self.stop_signal = signum
+        log.warning("%s: stopping after the current update, with a checkpoint (send it again "
+                    "to stop at once)", name)
+
+    def stop_if_asked(self) -> None:
+        """At an update boundary: after a signal, checkpoint and raise KeyboardInterrupt."""
+        if self.stop_signal is None:
+            return
+        self.save_unless_saved()
+        log.warning("stopped by %s after update %d: checkpoint step_%07d saved in %s; continue "
+                    "with --resume", signal.Signals(self.stop_signal).name, self.progress.step,
+                    self.progress.step, ckpt.checkpoint_dir(self.out))
+        raise KeyboardInterrupt
 
     def train_epoch(self, batches: list) -> bool:
         """Run the epoch's remaining batches; True when a step/time limit stops training."""
@@ -170,6 +230,9 @@ class Trainer:
             if tc.save_every and p.step % tc.save_every == 0:
                 self.save()
             p.train_seconds += time.perf_counter() - t0  # loop wall clock, saving included
+            if self.stop_signal is not None:
+                bar.close()
+                self.stop_if_asked()
             if self.limit_reached():
                 bar.close()
                 return True
@@ -244,8 +307,8 @@ class Trainer:
                  math.exp(min(scores["nll"], 50)),
                  f" BLEU {scores['bleu']:.2f}" if "bleu" in scores else "")
         if score > p.best:
-            p.best = score
             ckpt.save_weights(self.model, self.out / "best.safetensors")
+            p.best = score
             return True
         return False
 
@@ -281,3 +344,12 @@ class Trainer:
         atomic_write_text(self.out / "train_stats.json", json.dumps(stats, indent=1))
         if (self.out / "log.csv").exists():
             plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
+
+
+@contextmanager
+def _os_errors_named(out: Path) -> Iterator[None]:
+    """An OSError (no permission, disk full, ...) becomes a XindaError naming the file."""
+    try:
+        yield
+    except OSError as err:
+        raise XindaError(f"{err.filename or out}: {err.strerror or err}") from None

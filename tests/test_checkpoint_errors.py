@@ -1,0 +1,154 @@
+"""Failures around checkpoint files are one-line XindaErrors that name the file: a full disk or a
+directory that cannot be written while saving (earlier checkpoints stay complete, no temporary
+file stays behind), and weights that are not safetensors or do not fit the model."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+
+from xinda import checkpoint
+from xinda.checkpoint import list_checkpoints, load_state, load_weights, save_checkpoint
+from xinda.errors import XindaError
+from xinda.models.registry import build_model
+
+TINY = {"arch": "transformer", "d_model": 32, "heads": 2, "ffn_dim": 64, "encoder_layers": 1,
+        "decoder_layers": 1}
+
+
+def saved_twice(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, model, {"rng": torch.get_rng_state(),
+                                                "progress": {"step": step}}, keep_last=5)
+    return model
+
+
+def assert_intact(tmp_path):
+    """Steps 1 and 2 are complete and load; nothing else (no temporary file) is there."""
+    folder = tmp_path / "checkpoints"
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000001.safetensors",
+                                                            "step_0000002.safetensors"]
+    assert load_state(folder / "step_0000002.safetensors")["progress"] == {"step": 2}
+    load_weights(torch.nn.Linear(3, 2), folder / "step_0000002.safetensors")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        f"step_000000{s}.{ext}" for s in (1, 2)
+        for ext in ("safetensors", "state.json", "state.safetensors"))
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3], ids=["weights", "state-tensors", "state-json"])
+def test_a_full_disk_while_saving_is_one_line_and_loses_nothing(tmp_path, monkeypatch, failing):
+    """The disk fills up while the ``failing``-th file of step 3 is written (simulated: its
+    flush to disk raises ENOSPC after the data went to the temporary file)."""
+    model = saved_twice(tmp_path)
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == failing:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    names = ["step_0000003.safetensors", "step_0000003.state.safetensors",
+             "step_0000003.state.json"]
+    with pytest.raises(XindaError) as err:
+        save_checkpoint(tmp_path, 3, model, {"rng": torch.get_rng_state(),
+                                             "progress": {"step": 3}}, keep_last=5)
+    message = str(err.value)
+    assert message == (f"{tmp_path / 'checkpoints' / names[failing - 1]}: cannot write: "
+                       "No space left on device")
+    monkeypatch.undo()
+    assert_intact(tmp_path)
+
+
+def test_a_failing_safetensors_write_is_one_line(tmp_path, monkeypatch):
+    """safetensors reports I/O errors as its own SafetensorError; it is named the same way."""
+    from safetensors import SafetensorError
+
+    model = saved_twice(tmp_path)
+
+    def save_model(model, filename):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device "
+                              "(os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_model", save_model)
+    with pytest.raises(XindaError, match=r"step_0000003\.safetensors: cannot write: .*"
+                                         r"No space left on device \(os error 28\)$"):
+        save_checkpoint(tmp_path, 3, model, {}, keep_last=5)
+    monkeypatch.undo()
+    assert_intact(tmp_path)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root writes into read-only directories: chmod cannot make one")
+def test_a_read_only_directory_is_one_line(tmp_path):
+    model = saved_twice(tmp_path)
+    folder = tmp_path / "checkpoints"
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(XindaError, match=r"step_0000003\.safetensors: cannot write: "
+                                             "Permission denied"):
+            save_checkpoint(tmp_path, 3, model, {}, keep_last=5)
+    finally:
+        folder.chmod(0o755)
+    assert_intact(tmp_path)
+
+
+def test_a_model_dir_that_cannot_be_a_directory_is_one_line(tmp_path):
+    """Even as root: the model directory's path is a regular file."""
+    blocker = tmp_path / "model"
+    blocker.write_text("not a directory")
+    with pytest.raises(XindaError, match=rf"^{blocker}/checkpoints/step_0000001\.safetensors: "
+                                         "cannot write: (Not a directory|File exists)$"):
+        save_checkpoint(blocker, 1, torch.nn.Linear(2, 2), {}, keep_last=5)
+    assert blocker.read_text() == "not a directory"
+
+
+# ------------------------------------------------------------------ weights that do not fit
+def tiny(vocab_size: int, **changes):
+    from xinda.data.vocab import VocabInfo
+
+    torch.manual_seed(0)
+    return build_model({**TINY, **changes}, VocabInfo(vocab_size, vocab_size, 0, 2, 3, True))
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 7, os.urandom(4096), b"{\"not\": 1}"],
+                         ids=["empty", "short", "random", "json"])
+def test_a_file_that_is_not_safetensors(tmp_path, content):
+    path = tmp_path / "weights.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(XindaError, match=rf"^{path}: not a readable safetensors weights file "
+                                         r"\(.+\)$"):
+        load_weights(tiny(30), path)
+
+
+def test_a_truncated_weights_file(tmp_path):
+    path = tmp_path / "weights.safetensors"
+    checkpoint.save_weights(tiny(30), path)
+    path.write_bytes(path.read_bytes()[:-64])
+    with pytest.raises(XindaError, match=rf"^{path}: not a readable safetensors weights file"):
+        load_weights(tiny(30), path)
+
+
+def test_another_vocabulary_size_names_the_tensor_and_both_shapes(tmp_path):
+    path = tmp_path / "weights.safetensors"
+    checkpoint.save_weights(tiny(30), path)
+    with pytest.raises(XindaError) as err:
+        load_weights(tiny(40), path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: weights do not fit the model: ")
+    # joint vocabulary: the embeddings and the output layer share one tensor, stored once
+    assert "output.weight has shape (30, 32) in the file but the model expects (40, 32)" in message
+    assert "a different vocabulary or model size?" in message and "\n" not in message
+
+
+def test_another_architecture_names_missing_and_unexpected_tensors(tmp_path):
+    path = tmp_path / "weights.safetensors"
+    checkpoint.save_weights(tiny(30), path)
+    with pytest.raises(XindaError, match=rf"^{path}: weights do not fit the model \(a different "
+                                         r"architecture\?\): missing \['encoder_layers\.1\."):
+        load_weights(tiny(30, encoder_layers=2), path)
