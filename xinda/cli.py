@@ -115,6 +115,20 @@ def translate(
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
     attention_plot: Annotated[Path | None, typer.Option(
         help="write a source-target attention heat-map PNG per sentence into this folder")] = None,
+    prefix: Annotated[Path | None, typer.Option(
+        help="file of target prefixes, one per input line ('' = none): outputs start with it")
+        ] = None,
+    no_repeat_ngram: Annotated[int, typer.Option(help="ban repeated n-grams (0 = off)")] = 0,
+    ban: Annotated[str | None, typer.Option(help="comma-separated target pieces/words")] = None,
+    ban_source_copy: Annotated[bool, typer.Option(help="ban copying source tokens")] = False,
+    exact_length: Annotated[int | None, typer.Option(help="output pieces per line")] = None,
+    sampling: Annotated[bool, typer.Option(help="sample instead of beam search")] = False,
+    temperature: Annotated[float | None, typer.Option(help="sampling temperature > 0")] = None,
+    top_k: Annotated[int | None, typer.Option(help="sample from the k best (0 = all)")] = None,
+    top_p: Annotated[float | None, typer.Option(help="nucleus sampling, in (0, 1]")] = None,
+    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
+    samples: Annotated[int | None, typer.Option(help="samples per line, written like --nbest")
+                       ] = None,
 ) -> None:
     """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
     import torch
@@ -123,28 +137,66 @@ def translate(
 
     if threads:
         torch.set_num_threads(threads)
+    sampler = _sampling_config(sampling, temperature, top_k, top_p, seed, samples)
     lines = _read_input(input)
+    prefixes = _read_prefixes(prefix, len(lines))
     translator = Translator.load(model_dir, checkpoint)
+    constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
+                                             no_repeat_ngram, ban_source_copy, exact_length,
+                                             input_format)
     given = {"beam": beam, "alpha": alpha, "coverage": coverage, "batch_size": batch_size,
              "max_len_a": max_len_a, "max_len_b": max_len_b, "precision": precision,
              "nbest": nbest}
     options = {k: v for k, v in given.items() if v is not None}
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
-                                   need_attention=attention_plot is not None, **options)
+                                   need_attention=attention_plot is not None,
+                                   constraints=constraints, sampling=sampler, **options)
     seconds = time.perf_counter() - start
     if attention_plot is not None:
         _plot_attention(results, attention_plot)
-    out, n_best = [], options.get("nbest", translator.cfg.decode.nbest)
+    n_best = sampler.n if sampler else options.get("nbest", translator.cfg.decode.nbest)
+    _write_output(output, _output_lines(results, n_best, scores))
+    print(f"translated {len(lines)} sentences in {seconds:.2f} s "
+          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s)", file=sys.stderr)
+
+
+def _sampling_config(on: bool, temperature: float | None, top_k: int | None,
+                     top_p: float | None, seed: int | None, samples: int | None):
+    """The SamplingConfig of the --sampling options (None without --sampling)."""
+    from xinda.decode.sampling import SamplingConfig
+
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+             "n": samples}
+    options = {k: v for k, v in given.items() if v is not None}
+    if options and not on:
+        raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
+    return SamplingConfig(**options) if on else None
+
+
+def _read_prefixes(path: Path | None, n_lines: int) -> list[str] | None:
+    """The lines of the --prefix file, one per input line."""
+    prefixes = None if path is None else _read_input(path)
+    if prefixes is not None and len(prefixes) != n_lines:
+        raise XindaError(f"{path}: {len(prefixes)} prefix lines for {n_lines} input lines")
+    return prefixes
+
+
+def _output_lines(results, n_best: int, scores: bool) -> list[str]:
+    """One line per input line (its best translation; '' for a line with no output, with a
+    warning), or with ``n_best`` > 1 'i ||| text ||| score' per hypothesis."""
+    out = []
     for i, nbest_list in enumerate(results):
-        if n_best > 1:
+        if nbest_list[0].error:
+            log.warning("line %d: %s", i + 1, nbest_list[0].error)
+            if n_best == 1:
+                out.append("")
+        elif n_best > 1:
             out += [f"{i} ||| {t.text} ||| {t.score:.4f}" for t in nbest_list]
         else:
             t = nbest_list[0]
             out.append(f"{t.score:.4f}\t{t.text}" if scores else t.text)
-    _write_output(output, out)
-    print(f"translated {len(lines)} sentences in {seconds:.2f} s "
-          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s)", file=sys.stderr)
+    return out
 
 
 def _plot_attention(results, folder: Path) -> None:

@@ -4,16 +4,23 @@ Beam search keeps ``beam`` live hypotheses per sentence, ranks 2*beam candidates
 finalises those ending in EOS among the top ``beam`` ranks, and drops a sentence from the
 batch once it has ``beam`` finished hypotheses (or hits its maximum length, where EOS is forced).
 Finished hypotheses are ranked by the GNMT length-normalised score log P(y|x) / lp(y).
+
+Every search takes ``constraints`` (``xinda.decode.constraints``): each step's
+log-probabilities pass through them, no hypothesis is extended by a disallowed (-inf) token,
+and a sentence with no output that satisfies them gets none (greedy: None; beam: []).
+``decode_rows`` is the row-wise loop that greedy search and sampling share.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from xinda.config import DecodeConfig
+from xinda.decode.constraints import Constraint, apply_constraints, length_bounds
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 
@@ -45,13 +52,17 @@ def max_lengths(src_len: Tensor, a: float, b: int, limit: int) -> Tensor:
 
 
 def _step_logprobs(model: Seq2SeqModel, last: Tensor, enc, state: dict, need_attention: bool,
-                   force_eos: Tensor) -> tuple[Tensor, Tensor | None]:
-    """One decoder step -> log-probabilities (N, V) with BOS/PAD banned and EOS forced where
-    ``force_eos`` (N,) is True; plus the step's source attention (N, S) when asked."""
+                   force_eos: Tensor, ban_eos: Tensor | None = None
+                   ) -> tuple[Tensor, Tensor | None]:
+    """One decoder step -> log-probabilities (N, V) with BOS/PAD banned, EOS banned where
+    ``ban_eos`` (N,) and forced where ``force_eos`` (N,) is True; plus the step's source
+    attention (N, S) when asked."""
     logits, attn = model.decode(last, enc, state, need_weights=need_attention)
     logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
     logp[:, model.vocab.pad] = float("-inf")
     logp[:, model.vocab.bos] = float("-inf")
+    if ban_eos is not None and ban_eos.any():
+        logp[ban_eos, model.vocab.eos] = float("-inf")
     if force_eos.any():
         eos_col = logp[:, model.vocab.eos].clone()
         logp[force_eos] = float("-inf")
@@ -59,44 +70,83 @@ def _step_logprobs(model: Seq2SeqModel, last: Tensor, enc, state: dict, need_att
     return logp, None if attn is None else attn[:, -1].float()
 
 
-def _output_limits(model: Seq2SeqModel, enc, dec: DecodeConfig) -> Tensor:
-    """(B,) output length limits: a * |x| + b, below the model's position table (BOS first)."""
-    return max_lengths((~enc.src_pad).sum(1), dec.max_len_a, dec.max_len_b,
-                       model.cfg.max_positions - 1)
+def _output_limits(model: Seq2SeqModel, enc, dec: DecodeConfig,
+                   constraints: Sequence[Constraint] = ()) -> tuple[Tensor, Tensor]:
+    """(B,) minimum lengths (EOS banned before) and (B,) output length limits incl. EOS:
+    a * |x| + b moved by the constraints' declared lengths, below the model's position table
+    (BOS first)."""
+    cap = model.cfg.max_positions - 1
+    limits = max_lengths((~enc.src_pad).sum(1), dec.max_len_a, dec.max_len_b, cap)
+    return length_bounds(constraints, limits, cap)
+
+
+Choose = Callable[[Tensor], Tensor]  # (R, V) log-probabilities, some finite -> (R,) token ids
+
+
+def argmax(logp: Tensor) -> Tensor:
+    """The greedy choice: the most probable token of each row."""
+    return logp.argmax(dim=-1)
 
 
 @torch.no_grad()
 def greedy_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
-                  need_attention: bool = False) -> list[Hypothesis]:
-    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence
-    (``dec``: max_len_a/b bound the length, alpha the GNMT length penalty of its score)."""
-    vocab = model.vocab
+                  need_attention: bool = False, constraints: Sequence[Constraint] = ()
+                  ) -> list[Hypothesis | None]:
+    """Pick the most probable allowed token at every step. src (B, S) -> one hypothesis per
+    sentence, None where no output satisfies the ``constraints`` (``dec``: max_len_a/b bound
+    the length, alpha the GNMT length penalty of its score)."""
+    hyps = decode_rows(model, src, dec, argmax, 1, need_attention, constraints)
+    return [h[0] if h else None for h in hyps]
+
+
+@torch.no_grad()
+def decode_rows(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig, choose: Choose, n: int,
+                need_attention: bool = False, constraints: Sequence[Constraint] = ()
+                ) -> list[list[Hypothesis]]:
+    """Extend ``n`` independent rows per sentence one token at a time, each by ``choose``
+    among its allowed tokens (greedy search: argmax; sampling: a draw). src (B, S) -> for each
+    sentence its finished rows as hypotheses, best score first; a row that reaches a step
+    where every token is disallowed is dropped."""
+    vocab, device = model.vocab, src.device
+    sentence = torch.arange(src.size(0), device=device).repeat_interleave(n)  # (R,)
     enc = model.encode(src)
-    limits = _output_limits(model, enc, dec)
-    batch = src.size(0)
-    tokens = torch.full((batch, 1), vocab.bos, dtype=torch.long, device=src.device)
-    logprob = torch.zeros(batch, device=src.device)
-    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    low, limits = (x[sentence] for x in _output_limits(model, enc, dec, constraints))
+    if n > 1:
+        enc = enc.reorder(sentence)
+    rows = sentence.numel()
+    tokens = torch.full((rows, 1), vocab.bos, dtype=torch.long, device=device)
+    logprob = torch.zeros(rows, device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    failed = torch.zeros(rows, dtype=torch.bool, device=device)
     attns, state = [], {}
     for step in range(int(limits.max())):
         logp, attn = _step_logprobs(model, tokens[:, -1:], enc, state, need_attention,
-                                    step + 1 >= limits)
-        best_lp, best = logp.max(dim=-1)  # (B,)
-        best = best.masked_fill(done, vocab.pad)
-        logprob += best_lp.masked_fill(done, 0.0)
+                                    step + 1 >= limits, step < low)
+        live = ~done
+        if constraints:
+            logp[live] = apply_constraints(constraints, step, tokens[live], sentence[live],
+                                           logp[live])
+        failed |= live & ~logp.isfinite().any(-1)
+        done |= failed
+        best = torch.full_like(sentence, vocab.pad)  # (R,) finished rows: PAD
+        best[~done] = choose(logp[~done])
+        logprob += logp.gather(1, best[:, None])[:, 0].masked_fill(done, 0.0)
         tokens = torch.cat([tokens, best[:, None]], dim=1)
         if attn is not None:
             attns.append(attn)
         done |= best.eq(vocab.eos)
         if done.all():
             break
-    return [_greedy_hypothesis(tokens[i, 1:], float(logprob[i]), dec.alpha, vocab.eos,
-                               torch.stack([a[i] for a in attns]) if attns else None)
-            for i in range(batch)]
+    hyps: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    for i in (~failed).nonzero()[:, 0].tolist():
+        attn = torch.stack([a[i] for a in attns]) if attns else None
+        hyps[int(sentence[i])].append(
+            _row_hypothesis(tokens[i, 1:], float(logprob[i]), dec.alpha, vocab.eos, attn))
+    return [sorted(row, key=lambda h: -h.score) for row in hyps]
 
 
-def _greedy_hypothesis(row: Tensor, logprob: float, alpha: float, eos: int,
-                       attn: Tensor | None) -> Hypothesis:
+def _row_hypothesis(row: Tensor, logprob: float, alpha: float, eos: int,
+                    attn: Tensor | None) -> Hypothesis:
     ids = row.tolist()
     length = ids.index(eos) if eos in ids else len(ids)
     attn = None if attn is None else attn[: length + 1]
@@ -115,9 +165,11 @@ class _Beams:
 
 @torch.no_grad()
 def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
-                need_attention: bool = False) -> list[list[Hypothesis]]:
+                need_attention: bool = False, constraints: Sequence[Constraint] = ()
+                ) -> list[list[Hypothesis]]:
     """Batched beam search of width ``dec.beam``. src (B, S) -> for each sentence its
-    ``dec.nbest`` best hypotheses.
+    ``dec.nbest`` best hypotheses that satisfy the ``constraints`` (fewer if fewer were found;
+    none where no output satisfies them).
 
     Finished hypotheses are ranked by log P / lp(dec.alpha) + cp(dec.coverage); a coverage
     weight > 0 needs a model that returns source attention."""
@@ -127,7 +179,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
         raise XindaError("the coverage penalty needs an attention model; this one has none")
     batch, device = src.size(0), src.device
     enc = model.encode(src)
-    limits = _output_limits(model, enc, dec)
+    low, limits = _output_limits(model, enc, dec, constraints)
     enc = enc.reorder(torch.arange(batch, device=device).repeat_interleave(k))
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one
@@ -137,8 +189,11 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     state: dict = {}
     for step in range(int(limits.max())):
-        force = (step + 1 >= limits[beams.alive]).repeat_interleave(k)
-        logp, attn = _step_logprobs(model, beams.tokens[:, -1:], enc, state, need_attention, force)
+        sentence = beams.alive.repeat_interleave(k)  # (N*K,)
+        logp, attn = _step_logprobs(model, beams.tokens[:, -1:], enc, state, need_attention,
+                                    step + 1 >= limits[sentence], step < low[sentence])
+        if constraints:
+            logp = apply_constraints(constraints, step, beams.tokens, sentence, logp)
         if attn is not None:
             hist = attn[:, None] if beams.attention is None else torch.cat(
                 [beams.attention, attn[:, None]], 1)
@@ -152,7 +207,9 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
                   (coverage, ~enc.src_pad))
         keep_rank = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).argsort(1)[:, :k]
         rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, keep_rank))
-        done = torch.tensor([len(finished[int(i)]) >= k for i in beams.alive], device=device)
+        kept = top_scores.gather(1, keep_rank)  # (N, K) scores of the beams to continue
+        done = torch.tensor([len(finished[i]) >= k for i in beams.alive.tolist()],
+                            device=device) | kept.isneginf().all(1)  # or nothing left to extend
         if done.all():
             break
         live = ~done
@@ -162,8 +219,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
             enc = enc.reorder(rows)
         new_tokens = token.gather(1, keep_rank)[live].view(-1, 1)
         beams = _Beams(beams.alive[live], torch.cat([beams.tokens[rows], new_tokens], 1),
-                       top_scores.gather(1, keep_rank)[live],
-                       None if beams.attention is None else beams.attention[rows])
+                       kept[live], None if beams.attention is None else beams.attention[rows])
     return [sorted(hyps, key=lambda h: -h.score)[:dec.nbest] for hyps in finished]
 
 

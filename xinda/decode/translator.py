@@ -3,12 +3,15 @@
 Input lines go through the model directory's own pre-processing (normalisation,
 pre-tokenisation, sentencepiece), are batched by length, decoded, restored to input order and
 detokenised. N lines in always give N lines out: an empty line translates to an empty line, and
-an over-long line is truncated (with a warning), never dropped.
+an over-long line is truncated (with a warning), never dropped. A line for which no output
+satisfies the caller's constraints gets one Translation with ``text=""`` and ``error`` set.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,12 +20,24 @@ import torch
 from xinda.checkpoint import default_weights, load_weights
 from xinda.config import DecodeConfig, ExperimentConfig, load_config
 from xinda.data.manifest import Vocabularies, load_vocabularies
+from xinda.decode.constraints import (
+    BanSourceTokens,
+    BanTokens,
+    Constraint,
+    ExactLength,
+    NoRepeatNgram,
+    TargetPrefix,
+    reindex,
+)
+from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
 from xinda.device import autocast, pick_precision
+from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model
 
 log = logging.getLogger("xinda")
+UNSATISFIABLE = "no output satisfies the constraints"
 
 
 @dataclass
@@ -32,6 +47,7 @@ class Translation:
     source_pieces: list[str]
     target_pieces: list[str]
     attention: torch.Tensor | None = None  # (len(target)+1, len(source)+1) incl. EOS
+    error: str | None = None  # why there is no output (then text is ""), e.g. UNSATISFIABLE
 
 
 class Translator:
@@ -72,25 +88,36 @@ class Translator:
 
     def translate(self, lines: list[str], input_format: str = "text",
                   output_format: str = "text", need_attention: bool = False,
+                  constraints: Sequence[Constraint] = (), sampling: SamplingConfig | None = None,
                   **options) -> list[list[Translation]]:
         """Translate ``lines``; returns, for each line, its n-best list (best first).
 
         ``options`` override fields of the model's ``DecodeConfig`` (beam, alpha, coverage,
         nbest, max_len_a, max_len_b, batch_size, precision). input/output_format "pieces"
-        reads/writes sentencepiece pieces.
+        reads/writes sentencepiece pieces. ``constraints`` index sentences by their position in
+        ``lines`` (see ``constraints_for``); a line no output satisfies gets one Translation
+        with ``error`` set. ``sampling`` draws ``sampling.n`` samples per line instead of beam
+        search (ranked by score; reproducible for the same lines, batch size and seed).
         """
         dec = DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
         sources = [self.encode_source(line, input_format == "pieces") for line in lines]
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
+        generator = None if sampling is None else sampling.generator(self.device)
         for start in range(0, len(order), dec.batch_size):
             chunk = order[start:start + dec.batch_size]
+            search = functools.partial(self._search, dec=dec, need_attention=need_attention,
+                                       constraints=reindex(constraints, chunk),
+                                       sampling=sampling, generator=generator)
             for i, hyps in zip(chunk, self._decode_batch([sources[i] for i in chunk], dec,
-                                                         need_attention)):
-                results[i] = [self._finish(h, sources[i], output_format) for h in hyps]
+                                                         search)):
+                results[i] = [self._finish(h, sources[i], output_format) for h in hyps] or [
+                    Translation("", float("-inf"), self._source_pieces(sources[i]), [],
+                                error=UNSATISFIABLE)]
         for i, s in enumerate(sources):
             if s is None:  # empty line in -> empty line out
-                results[i] = [Translation("", 0.0, [], [])] * dec.nbest
+                results[i] = [Translation("", 0.0, [], [])] * (sampling.n if sampling else
+                                                               dec.nbest)
         return results
 
     def translate_text(self, lines: list[str], **options) -> list[str]:
@@ -99,20 +126,80 @@ class Translator:
 
     @torch.inference_mode()
     def _decode_batch(self, batch: list[list[int]], dec: DecodeConfig,
-                      need_attention: bool) -> list[list[Hypothesis]]:
+                      search: Callable[[torch.Tensor], list[list[Hypothesis]]]
+                      ) -> list[list[Hypothesis]]:
         width = max(len(s) for s in batch)
         src = torch.full((len(batch), width), self.src_vocab.pad, dtype=torch.long)
         for row, ids in enumerate(batch):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(self.device)
         with autocast(pick_precision(dec.precision, self.device), self.device):
-            return self._search(src, dec, need_attention)
+            return search(src)
 
-    def _search(self, src: torch.Tensor, dec: DecodeConfig,
-                need_attention: bool) -> list[list[Hypothesis]]:
+    def _search(self, src: torch.Tensor, dec: DecodeConfig, need_attention: bool,
+                constraints: Sequence[Constraint], sampling: SamplingConfig | None,
+                generator: torch.Generator | None) -> list[list[Hypothesis]]:
+        if sampling is not None:
+            return sample(self.model, src, dec, sampling, need_attention, constraints, generator)
         if dec.beam == 1 and dec.nbest == 1 and not dec.coverage:
-            return [[h] for h in greedy_search(self.model, src, dec, need_attention)]
-        return beam_search(self.model, src, dec, need_attention)
+            hyps = greedy_search(self.model, src, dec, need_attention, constraints)
+            return [[] if h is None else [h] for h in hyps]
+        return beam_search(self.model, src, dec, need_attention, constraints)
+
+    def constraints_for(self, lines: list[str], prefixes: list[str] | None = None,
+                        ban: Sequence[str] = (), no_repeat_ngram: int = 0,
+                        ban_source_copy: bool = False, exact_length: int | None = None,
+                        input_format: str = "text") -> list[Constraint]:
+        """The constraints ``xinda translate`` offers, built for ``lines``: target
+        ``prefixes`` (one per line, text through the target pipeline, or pieces with
+        input_format "pieces"; "" = none), ``ban`` (target pieces or words that are one
+        piece; blanks ignored), no repeated n-grams of that size (0: off), no copied source
+        tokens, an exact output length."""
+        if no_repeat_ngram < 0 or (exact_length or 0) < 0:
+            raise XindaError("the n-gram size and exact length must be >= 0, got "
+                             f"{no_repeat_ngram} and {exact_length}")
+        out: list[Constraint] = []
+        if prefixes is not None:
+            if len(prefixes) != len(lines):
+                raise XindaError(f"{len(prefixes)} target prefixes for {len(lines)} lines")
+            out.append(TargetPrefix([self.encode_target(p, input_format == "pieces")
+                                     for p in prefixes]))
+        if words := [w.strip() for w in ban if w.strip()]:
+            out.append(BanTokens([i for word in words for i in self.target_tokens(word)]))
+        if no_repeat_ngram:
+            out.append(NoRepeatNgram(no_repeat_ngram))
+        if ban_source_copy:
+            sources = [self.encode_source(line, input_format == "pieces") or []
+                       for line in lines]
+            copies = [[i for i in self.tgt_vocab.pieces_to_ids(self._source_pieces(s))
+                       if i != self.tgt_vocab.unk] for s in sources]
+            out.append(BanSourceTokens(copies, self.model.vocab))
+        if exact_length is not None:
+            out.append(ExactLength([exact_length] * len(lines)))
+        return out
+
+    def encode_target(self, line: str, pieces_in: bool = False) -> list[int]:
+        """Target-side text (or pieces) -> target ids, without BOS/EOS."""
+        if pieces_in:
+            return self.tgt_vocab.pieces_to_ids(line.split())
+        text = self.tgt_text.preprocess(line)
+        return self.tgt_vocab.encode(text) if text else []
+
+    def target_tokens(self, word: str) -> list[int]:
+        """The target ids that spell ``word`` in one piece: the piece ``word`` itself and the
+        one piece the target pipeline makes of the word (e.g. "▁word"), where they exist."""
+        unk = self.tgt_vocab.unk
+        ids = {i for i in self.tgt_vocab.pieces_to_ids([word]) if i != unk}
+        encoded = self.encode_target(word)
+        if len(encoded) == 1 and encoded[0] != unk:
+            ids.add(encoded[0])
+        if not ids:
+            pieces = " ".join(self.tgt_vocab.ids_to_pieces(encoded))
+            raise XindaError(f"cannot ban {word!r}: it is not one target piece ({pieces!r})")
+        return sorted(ids)
+
+    def _source_pieces(self, src_ids: list[int] | None) -> list[str]:
+        return self.src_vocab.ids_to_pieces(src_ids[:-1]) if src_ids else []
 
     def _finish(self, hyp: Hypothesis, src_ids: list[int], output_format: str) -> Translation:
         pieces = self.tgt_vocab.ids_to_pieces(hyp.tokens)
@@ -121,5 +208,4 @@ class Translator:
         else:
             text = self.tgt_text.postprocess(self.tgt_vocab.decode(hyp.tokens))
         attn = None if hyp.attention is None else hyp.attention[:, : len(src_ids)].cpu()
-        return Translation(text, hyp.score, self.src_vocab.ids_to_pieces(src_ids[:-1]), pieces,
-                           attn)
+        return Translation(text, hyp.score, self._source_pieces(src_ids), pieces, attn)

@@ -1,0 +1,138 @@
+"""Decoding controls through ``xinda translate`` and the Translator on the tiny trained model:
+forced prefixes, sampling, bans, n-gram blocking, per-line failures and bad values."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from xinda.decode.constraints import ExactLength, TargetPrefix
+from xinda.decode.sampling import SamplingConfig
+from xinda.decode.translator import UNSATISFIABLE, Translator
+from xinda.utils import read_lines
+
+NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
+PREFIXES = ["9", "", "12", "5", "", "70"]  # line 3 is empty: its prefix is ignored
+
+
+@pytest.fixture(scope="module")
+def files(trained, tmp_path_factory):
+    """in.txt: 6 test sentences (line 3 empty) and prefix.txt: PREFIXES."""
+    src = list(read_lines(trained.prepared.raw["test"] + ".words"))[:6]
+    src[3] = ""
+    folder = tmp_path_factory.mktemp("decoding")
+    (folder / "in.txt").write_text("".join(f"{s}\n" for s in src), encoding="utf-8")
+    (folder / "prefix.txt").write_text("".join(f"{p}\n" for p in PREFIXES), encoding="utf-8")
+    return folder, src
+
+
+def translate(xinda, trained, folder, *args: str, ok: bool = True):
+    return xinda("translate", trained.model_dir, "-i", folder / "in.txt", "--threads", "1",
+                 *args, ok=ok)
+
+
+def test_prefix_starts_every_output(trained, files, xinda):
+    folder, src = files
+    plain = translate(xinda, trained, folder).stdout.splitlines()
+    forced = translate(xinda, trained, folder, "--prefix", folder / "prefix.txt").stdout
+    forced = forced.splitlines()
+    assert len(forced) == len(src)
+    for line, prefix, out, free in zip(src, PREFIXES, forced, plain):
+        if not line:
+            assert out == ""
+        elif prefix:
+            assert out.startswith(prefix), (prefix, out)
+        else:
+            assert out == free
+
+
+def test_sampling_is_seeded_and_written_like_nbest(trained, files, xinda):
+    folder, src = files
+    args = ("--sampling", "--samples", "3", "--temperature", "2.0", "--top-p", "0.95")
+    first = translate(xinda, trained, folder, *args, "--seed", "5").stdout.splitlines()
+    again = translate(xinda, trained, folder, *args, "--seed", "5").stdout.splitlines()
+    other = translate(xinda, trained, folder, *args, "--seed", "6").stdout.splitlines()
+    assert first == again and first != other
+    assert len(first) == 3 * len(src)
+    parsed = [NBEST_LINE.match(line) for line in first]
+    assert all(parsed), first
+    assert [int(m.group(1)) for m in parsed] == [i for i in range(len(src)) for _ in range(3)]
+    for i in range(len(src)):
+        scores = [float(m.group(3)) for m in parsed[3 * i:3 * i + 3]]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_sampling_top_k_one_equals_greedy(trained, files, xinda):
+    folder, _ = files
+    greedy = translate(xinda, trained, folder, "--beam", "1").stdout
+    assert translate(xinda, trained, folder, "--sampling", "--top-k", "1").stdout == greedy
+
+
+def test_bans_and_ngram_blocking_hold(trained, files, xinda):
+    folder, src = files
+    out = translate(xinda, trained, folder, "--output-format", "pieces", "--ban", "1, 2",
+                    "--no-repeat-ngram", "1", "--ban-source-copy").stdout.splitlines()
+    assert len(out) == len(src)
+    source_pieces = Translator.load(trained.model_dir).translate(src)
+    for line, result in zip(out, source_pieces):
+        pieces = line.split()
+        assert not {"1", "2"} & set(pieces), line
+        assert len(pieces) == len(set(pieces)), line
+        assert not set(result[0].source_pieces) & set(pieces), line
+
+
+def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda):
+    """Prefixes "12" and "70" are three pieces ("▁", "1", "2"): an exact length of 2 cannot
+    hold them; "9" is two and is the whole output."""
+    folder, src = files
+    proc = translate(xinda, trained, folder, "--prefix", folder / "prefix.txt",
+                     "--exact-length", "2")
+    out = proc.stdout.splitlines()
+    assert len(out) == len(src)
+    assert out[0] == "9" and out[2] == out[5] == ""
+    assert out[1] and out[4]
+    warnings = [line for line in proc.stderr.splitlines() if UNSATISFIABLE in line]
+    assert warnings == [f"line 3: {UNSATISFIABLE}", f"line 6: {UNSATISFIABLE}"]
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (("--sampling", "--top-p", "1.5"), ("top-p must be in (0, 1]",)),
+    (("--sampling", "--temperature", "0"), ("temperature must be > 0",)),
+    (("--top-k", "3"), ("need --sampling",)),
+    (("--ban", "7,seven hundred"), ("cannot ban 'seven hundred'",)),
+    (("--no-repeat-ngram", "-1"), ("must be >= 0",)),
+])
+def test_bad_values_are_one_line_errors(args, fragments, trained, files, xinda, one_line_error):
+    folder, _ = files
+    one_line_error(translate(xinda, trained, folder, *args, ok=False), *fragments)
+
+
+def test_prefix_file_of_another_length_is_a_one_line_error(trained, files, xinda,
+                                                          one_line_error, tmp_path):
+    folder, _ = files
+    short = tmp_path / "short.txt"
+    short.write_text("1\n2\n", encoding="utf-8")
+    one_line_error(translate(xinda, trained, folder, "--prefix", short, ok=False),
+                   "short.txt", "2 prefix lines for 6 input lines")
+
+
+def test_translator_constraints_see_the_callers_line_numbers(trained, files):
+    """Lines are sorted by length and batched by 2, yet each line gets its own prefix; line 4
+    cannot satisfy its constraints and says so."""
+    _, src = files
+    lines = [line for line in src if line]
+    prefixes = [[], [], [], [], []]
+    translator = Translator.load(trained.model_dir)
+    for i in range(len(lines)):
+        prefixes[i] = translator.encode_target(str(i + 1) * 2)
+    results = translator.translate(lines, batch_size=2, constraints=[
+        TargetPrefix(prefixes), ExactLength([None, None, None, None, 0])])
+    for i, nbest in enumerate(results[:4]):
+        assert nbest[0].text.startswith(str(i + 1) * 2) and nbest[0].error is None
+    assert [(t.text, t.error) for t in results[4]] == [("", UNSATISFIABLE)]
+    samples = translator.translate(lines + [""], batch_size=2, constraints=[
+        TargetPrefix(prefixes + [[]])], sampling=SamplingConfig(n=2, seed=3))
+    assert [len(s) for s in samples] == [2] * len(lines) + [2]
+    for i, nbest in enumerate(samples[:4]):
+        assert all(t.text.startswith(str(i + 1) * 2) for t in nbest)

@@ -1,0 +1,93 @@
+"""Sampling search: draw ``n`` outputs per sentence from the model's (reshaped) distribution.
+
+Each step divides the allowed log-probabilities by a temperature, keeps the ``top_k`` most
+probable tokens (Fan et al. 2018, "Hierarchical neural story generation") and then the
+nucleus, the smallest set of tokens whose probability sums to at least ``top_p`` (Holtzman et
+al. 2020, "The curious case of neural text degeneration"), and draws the next token from what
+is left, renormalised. Draws come from one ``torch.Generator`` seeded by ``seed``: the same seed
+gives the same samples, whatever the global RNG. A sample's score is the model's own
+log-probability (constraints applied, but not temperature, top-k or top-p) over the GNMT length
+penalty, so that samples rank like beam hypotheses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from xinda.config import DecodeConfig
+from xinda.decode.constraints import Constraint
+from xinda.decode.search import Choose, Hypothesis, decode_rows
+from xinda.errors import XindaError
+from xinda.models.base import Seq2SeqModel
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0  # > 0; divides the log-probabilities (-> 0: greedy)
+    top_k: int = 0  # sample among the k most probable tokens; 0 = all
+    top_p: float = 1.0  # nucleus: the smallest set with probability >= top_p, in (0, 1]
+    n: int = 1  # samples per input sentence
+    seed: int = 1  # seeds the sampling generator
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise XindaError(f"sampling temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise XindaError(f"sampling top-k must be >= 0 (0 = no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise XindaError(f"sampling top-p must be in (0, 1], got {self.top_p}")
+        if self.n < 1:
+            raise XindaError(f"the number of samples must be >= 1, got {self.n}")
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A fresh generator seeded with ``seed``."""
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+
+def top_k_filter(scores: Tensor, k: int) -> Tensor:
+    """scores (R, V) with all but the ``k`` highest of each row at -inf (Fan et al. 2018)."""
+    if k <= 0 or k >= scores.size(-1):
+        return scores
+    kth = scores.topk(k, dim=-1).values[:, -1:]  # (R, 1)
+    return scores.masked_fill(scores < kth, NEG_INF)
+
+
+def top_p_filter(scores: Tensor, p: float) -> Tensor:
+    """scores (R, V) with every token outside the nucleus at -inf: the nucleus is the smallest
+    set of most probable tokens whose softmax probability sums to >= p (Holtzman et al. 2020,
+    eq. 2). The most probable token always stays."""
+    if p >= 1.0:
+        return scores
+    ordered, order = scores.sort(dim=-1, descending=True)  # (R, V)
+    probs = ordered.softmax(dim=-1)
+    outside = (probs.cumsum(dim=-1) - probs) >= p  # mass before the token already >= p
+    return scores.masked_fill(outside.scatter(1, order, outside), NEG_INF)
+
+
+def sampler(cfg: SamplingConfig, generator: torch.Generator) -> Choose:
+    """The ``choose`` of ``decode_rows`` that draws one token per row: logp (R, V) -> (R,)."""
+    def choose(logp: Tensor) -> Tensor:
+        scores = top_p_filter(top_k_filter(logp / cfg.temperature, cfg.top_k), cfg.top_p)
+        probs = scores.softmax(dim=-1)  # (R, V)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return choose
+
+
+@torch.no_grad()
+def sample(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig, cfg: SamplingConfig,
+           need_attention: bool = False, constraints: Sequence[Constraint] = (),
+           generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+    """src (B, S) -> for each sentence ``cfg.n`` samples, best score first (``dec``: max_len_a/b
+    bound the length, alpha the length penalty of the score). A sample that reaches a step where
+    the ``constraints`` allow no token is dropped, so a sentence may get fewer (none: no output
+    satisfies them). ``generator`` (default: ``cfg.generator()`` on src's device) lets a caller
+    draw several batches from one stream."""
+    generator = generator or cfg.generator(src.device)
+    return decode_rows(model, src, dec, sampler(cfg, generator), cfg.n, need_attention,
+                       constraints)
