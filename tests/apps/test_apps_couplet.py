@@ -1,0 +1,51 @@
+"""The couplet corpus writer on a tiny fake shared folder, and its command line."""
+
+import pytest
+
+from xinda.apps.__main__ import main
+from xinda.apps.couplet import write_couplet_corpus
+from xinda.errors import XindaError
+
+
+def read(path):
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_writes_simplified_lines_without_spaces(couplet_shared, tmp_path):
+    out = tmp_path / "raw"
+    prefixes = write_couplet_corpus(couplet_shared, out)
+    assert prefixes == {split: str(out / split) for split in ("train", "valid", "test", "wb14123")}
+    assert read(out / "train.up") == ["宏规则天地", "干坤资化育"]  # 乾 -> 干 one by one
+    assert read(out / "train.down") == ["书引藤为架", "风雨见经纶"]  # read from .gz
+    assert read(out / "valid.up") == ["两岸猿声啼"] and read(out / "test.down") == ["处处闻啼鸟"]
+    assert read(out / "wb14123.up") == ["腾飞上铁，锐意"]
+    assert read(out / "wb14123.down") == ["鼓舞下江，雄心"]
+
+
+def test_missing_shared_folder_is_one_clear_error(tmp_path):
+    with pytest.raises(XindaError, match=r"nowhere/poetry-couplets: corpus folder not found"):
+        write_couplet_corpus(tmp_path / "nowhere", tmp_path / "raw")
+    assert not (tmp_path / "raw").exists()
+
+
+def test_missing_wb14123_folder_is_named(couplet_shared, tmp_path):
+    for path in (couplet_shared / "couplet").iterdir():
+        path.unlink()
+    (couplet_shared / "couplet").rmdir()
+    with pytest.raises(XindaError, match=r"couplet: corpus folder not found"):
+        write_couplet_corpus(couplet_shared, tmp_path / "raw")
+
+
+def test_misaligned_sides_are_an_error(couplet_shared, tmp_path):
+    valid_up = couplet_shared / "poetry-couplets" / "valid.up"
+    valid_up.write_text("宏 規\n書 引\n", encoding="utf-8")
+    with pytest.raises(XindaError, match=r"not line-aligned: .*valid.up has 2, .*valid.down has 1"):
+        write_couplet_corpus(couplet_shared, tmp_path / "raw")
+
+
+def test_command_line(couplet_shared, tmp_path, capsys):
+    assert main(["couplet", str(couplet_shared), str(tmp_path / "raw")]) == 0
+    assert f"wb14123: {tmp_path / 'raw' / 'wb14123'}" in capsys.readouterr().out
+    assert main(["couplet", str(tmp_path / "nowhere"), str(tmp_path / "raw")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("xinda: error: ") and err.count("\n") == 1

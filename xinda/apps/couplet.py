@@ -1,0 +1,60 @@
+"""Couplets (对联): given the first line (上联), write the second (下联).
+
+The rules a second line follows, which the metrics of ``xinda.evaluate.generation`` check and
+constrained decoding can enforce:
+
+1. Equal length (字数相等): as many characters as the first line, with any punctuation at the
+   same positions.
+2. Parallelism (对仗): the characters at each position match in word class and structure
+   (noun with noun, number with number, 天 with 地).
+3. Tones (平仄): the first line ends on an oblique tone (仄) and the second on a level tone (平)
+   (上仄下平); within the lines, tones at corresponding positions are opposed.
+4. Repetition (重字): the second line repeats characters exactly where the first does
+   (``repetition_pattern``: 一心一意 -> 三番三次), and otherwise does not reuse the first
+   line's character at the same position (不同位重字).
+
+Data (``write_couplet_corpus``): no couplet training set could be obtained (see SOURCES.md), so
+train/valid/test are the parallel middle couplets (颔联, 颈联) of Tang and Song regulated verse
+(``poetry-couplets``, traditional characters, converted to simplified with OpenCC ``t2s``),
+and split ``wb14123`` is the wb14123 couplet test set (``couplet``, already simplified). Each
+line is written without the spaces that separate the characters in the source files; the
+recipe's ``pretok_src/pretok_tgt: char`` splits them again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xinda.apps.corpus import corpus_dir, read_aligned, split_file, to_simplified, write_split
+from xinda.evaluate.generation import is_punctuation, repetition_pattern
+
+__all__ = ["SIDES", "is_punctuation", "repetition_pattern", "write_couplet_corpus"]
+
+SIDES = ("up", "down")  # file suffixes: first line, second line
+POETRY_SPLITS = ("train", "valid", "test")  # from poetry-couplets/ (train is gzipped)
+WB14123 = "wb14123"  # the split name of couplet/test
+
+
+def _convert(line: str) -> str:
+    """Simplified, spaces removed. The spaces go after the conversion, so characters are
+    converted one by one, as for the first couplet model's data; converting the joined line
+    would use OpenCC's phrases and differ on 0.2% of the train lines (乾坤 stays 乾坤 instead
+    of becoming 干坤)."""
+    return to_simplified(line).replace(" ", "")
+
+
+def write_couplet_corpus(shared: str | Path, out_dir: str | Path) -> dict[str, str]:
+    """Write ``{split}.up`` and ``{split}.down`` under ``out_dir`` for train, valid, test
+    (poetry-couplets) and wb14123 (couplet/test) from the shared data folder ``shared``; return
+    split -> prefix, e.g. ``{"train": "out_dir/train", ...}``."""
+    poetry, couplet = corpus_dir(shared, "poetry-couplets"), corpus_dir(shared, "couplet")
+    out_dir = Path(out_dir)
+    prefixes = {}
+    for split in POETRY_SPLITS:
+        sides = read_aligned([split_file(poetry, f"{split}.{side}") for side in SIDES])
+        prefixes[split] = write_split(out_dir, split, {
+            side: [_convert(line) for line in lines] for side, lines in zip(SIDES, sides)})
+    sides = read_aligned([split_file(couplet, f"test.{side}") for side in SIDES])
+    prefixes[WB14123] = write_split(out_dir, WB14123, {
+        side: [line.replace(" ", "") for line in lines] for side, lines in zip(SIDES, sides)})
+    return prefixes
