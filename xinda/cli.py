@@ -291,6 +291,60 @@ def demo(
     run_demo(workdir, seconds, set_ or [])
 
 
+def _print_outputs(outputs, nbest: int) -> None:
+    """One line per output (``i ||| text ||| score`` with ``nbest`` > 1); a prompt without an
+    output gets a warning on stderr and an empty line (or no n-best line)."""
+    for i, nbest_list in enumerate(outputs):
+        for out in nbest_list:
+            if out.error:
+                print(f"xinda: warning: line {i + 1}: {out.error}", file=sys.stderr)
+                if nbest == 1:
+                    print()
+            elif nbest > 1:
+                print(f"{i} ||| {out.text} ||| {out.score:.4f}")
+            else:
+                print(out.text)
+
+
+@command
+def couplet(
+    model_dir: Path,
+    first_lines: Annotated[list[str], typer.Argument(help="first lines (上联)")],
+    nbest: Annotated[int, typer.Option(help="second lines per first line")] = 1,
+    no_copy: Annotated[bool, typer.Option(help="never the first line's character at the "
+                                           "same position")] = False,
+    tone: Annotated[bool, typer.Option(help="end on a level tone when the first line ends "
+                                       "on an oblique one")] = False,
+) -> None:
+    """Write second lines (下联) of equal length, punctuation and repetition pattern."""
+    from xinda.apps.generate import write_couplets
+    from xinda.decode.translator import Translator
+
+    outputs = write_couplets(Translator.load(model_dir), first_lines, nbest=nbest,
+                             no_copy=no_copy, tone=tone)
+    _print_outputs(outputs, nbest)
+
+
+@command
+def poem(
+    model_dir: Path,
+    keywords: Annotated[str, typer.Option(help="keywords, space-separated: '春风 江月'")] = "",
+    form: Annotated[int, typer.Option(help="characters per line: 5 or 7")] = 7,
+    acrostic: Annotated[str, typer.Option(help="藏头诗: the first character of each line")] = "",
+    nbest: Annotated[int, typer.Option(help="poems to write")] = 1,
+    rhyme: Annotated[bool, typer.Option(help="lines 2 and 4 rhyme")] = False,
+) -> None:
+    """Write a quatrain (or one line per acrostic character) of exactly 5 or 7 characters a
+    line from keywords."""
+    from xinda.apps.generate import PoemPrompt, write_poems
+    from xinda.decode.translator import Translator
+
+    prompt = PoemPrompt(tuple(keywords.replace(",", " ").split()), form, acrostic)
+    prompt.check("xinda poem")
+    _print_outputs(write_poems(Translator.load(model_dir), [prompt], nbest=nbest, rhyme=rhyme),
+                   nbest)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

@@ -1,0 +1,98 @@
+"""Writing couplets and poems with a trained model: the prompts become source lines, the rules
+of ``rules`` constrain the search, and the output pieces become characters again.
+
+A line whose rules no hypothesis can satisfy comes back as an ``Output`` with ``error`` set
+(never a line that breaks them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xinda.apps.poetry import FORMS, source_text, template
+from xinda.apps.rules import WORD_START, CharacterTable, CoupletRules, PoemRules
+from xinda.decode.translator import Translation, Translator
+from xinda.errors import XindaError
+from xinda.evaluate.generation import is_han, is_punctuation
+
+
+@dataclass(frozen=True)
+class Output:
+    text: str  # "" when error is set
+    score: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PoemPrompt:
+    keywords: tuple[str, ...] = ()  # words the poem is about (the source side)
+    form: int = 7  # characters per line: 5 or 7
+    acrostic: str = ""  # 藏头: the first character of each line (then as many lines)
+
+    def check(self, where: str) -> None:
+        if self.form not in FORMS:
+            raise XindaError(f"{where}: form must be {' or '.join(map(str, FORMS))}, "
+                             f"got {self.form}")
+        bad = [ch for ch in self.acrostic if not is_han(ch)]
+        if bad:
+            raise XindaError(f"{where}: acrostic characters must be Han characters, got "
+                             f"{''.join(bad)!r}")
+        if not self.keywords and not self.acrostic:
+            raise XindaError(f"{where}: give keywords or an acrostic")
+
+
+def _characters(translation: Translation, fill: str | None = None) -> str:
+    """The output pieces as text: "▁X" -> X; any other piece (a placeholder) -> ``fill``."""
+    return "".join(p[1:] if len(p) == 2 and p[0] == WORD_START else (fill or "")
+                   for p in translation.target_pieces)
+
+
+def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[list[Output]]:
+    return [[Output("", float("-inf"), t.error) if t.error else Output(text, t.score)
+             for t, text in zip(nbest, line_texts)]
+            for nbest, line_texts in zip(results, texts)]
+
+
+def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
+                   no_copy: bool = False, tone: bool = False, **options) -> list[list[Output]]:
+    """The ``nbest`` best second lines of each first line (``CoupletRules``); punctuation of
+    the first line is copied to the same positions. ``options``: decode settings (beam, ...)."""
+    lines = ["".join(up.split()) for up in ups]
+    for i, line in enumerate(lines, start=1):
+        if not line:
+            raise XindaError(f"first line {i} is empty: a couplet needs a first line")
+    table = CharacterTable.of(translator.tgt_vocab)
+    fill = translator.tgt_vocab.unk
+    rules = CoupletRules(lines, table, fill, no_copy=no_copy, tone=tone)
+    options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
+    results = translator.translate(lines, output_format="pieces", constraints=[rules],
+                                   nbest=nbest, **options)
+    texts = [[_restore_punctuation(_characters(t, "?"), up) for t in nbest_list]
+             for nbest_list, up in zip(results, lines)]
+    return _outputs(results, texts)
+
+
+def _restore_punctuation(text: str, up: str) -> str:
+    """Put the first line's punctuation marks at their positions of ``text``."""
+    return "".join(u if is_punctuation(u) else c for c, u in zip(text, up))
+
+
+def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: int = 1,
+                rhyme: bool = False, **options) -> list[list[Output]]:
+    """The ``nbest`` best poems of each prompt (``PoemRules``): 4 lines, or one per acrostic
+    character, of exactly ``form`` characters, punctuated as ``template`` says."""
+    table = CharacterTable.of(translator.tgt_vocab)
+    sources, layouts, lengths, heads = [], [], [], []
+    for i, prompt in enumerate(prompts, start=1):
+        prompt.check(f"prompt {i}")
+        marks, length = template(prompt.form, len(prompt.acrostic) or 4)
+        layouts.append({pos: table.id(mark, "punctuation mark") for pos, mark in marks.items()})
+        lengths.append(length)
+        heads.append([table.id(ch, "acrostic character") for ch in prompt.acrostic])
+        sources.append(source_text(prompt.form, prompt.keywords or tuple(prompt.acrostic)))
+    rules = PoemRules(layouts, lengths, [p.form for p in prompts], heads, table, rhyme=rhyme)
+    options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
+    results = translator.translate(sources, output_format="pieces", constraints=[rules],
+                                   nbest=nbest, **options)
+    return _outputs(results, [[_characters(t) for t in nbest_list] for nbest_list in results])
