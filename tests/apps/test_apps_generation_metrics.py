@@ -137,3 +137,17 @@ def test_corpus_metrics_reject_empty_input():
         rhyme_rate([])
     with pytest.raises(XindaError, match="empty input"):
         distinct_n([], 1)
+
+
+def test_poem_layout_by_hand():
+    from xinda.evaluate.generation import poem_layout_ok
+
+    poem = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"
+    assert poem_layout_ok(poem, 5)
+    assert poem_layout_ok(poem, 5, acrostic="白黄欲更")
+    assert not poem_layout_ok(poem, 5, acrostic="白黄欲上")
+    assert not poem_layout_ok(poem, 7)  # wrong form
+    assert not poem_layout_ok(poem, 5, lines=3)
+    assert not poem_layout_ok(poem.replace("流。", "流，"), 5)  # mark of an even line
+    assert not poem_layout_ok(poem.replace("千", "a"), 5)  # not a Han character
+    assert poem_layout_ok("白日依山尽，黄河入海流。", 5, lines=2, acrostic="白黄")

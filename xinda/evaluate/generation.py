@@ -223,6 +223,19 @@ def rhyme_rate(poems: Sequence[str]) -> float:
     return _percent(hits, len(poems))
 
 
+def poem_layout_ok(poem: str, form: int, lines: int = 4, acrostic: str = "") -> bool:
+    """Whether ``poem`` is ``lines`` lines of ``form`` Han characters, each followed by "，"
+    (odd lines) or "。" (even lines), with no other character, and line k starting with
+    ``acrostic[k]`` when an acrostic is given."""
+    text = chars(poem)
+    if len(text) != lines * (form + 1):
+        return False
+    rows = [text[k * (form + 1): (k + 1) * (form + 1)] for k in range(lines)]
+    return (all(row[-1] == "，。"[k % 2] and all(map(is_han, row[:-1]))
+                for k, row in enumerate(rows))
+            and (not acrostic or "".join(row[0] for row in rows) == acrostic))
+
+
 def distinct_n(hyps: Sequence[str], n: int) -> float:
     """Distinct-n (Li et al. 2016): the number of distinct character n-grams divided by the
     total number of character n-grams, over all hypotheses (n-grams do not cross lines;

@@ -1,0 +1,186 @@
+"""The textbook's generation applications, trained and measured: couplets and poems.
+
+    python benchmarks/applications.py [--apps couplet,poetry] [--budget 1800] [--workdir DIR]
+
+For each application: write its corpus from ../shared/data (``python -m xinda.apps``), prepare
+and train ``recipes/{app}.yaml`` for ``--budget`` seconds (a finished run in the work folder is
+reused), then decode its test sets twice, with plain beam search and with the application's
+rules as decoding constraints (``xinda.apps.generate``), and score both
+(``xinda.evaluate.generation``, character BLEU with its sacreBLEU signature). Writes
+``docs/results/applications.{json,md}``. Not a test: it takes the budgets plus minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from multi30k import ROOT, SHARED, add_study_arguments, markdown_table, timed, write_run_config
+
+from xinda.apps.generate import PoemPrompt, write_couplets, write_poems
+from xinda.apps.poetry import FORMS
+from xinda.apps.rules import CharacterTable
+from xinda.config import apply_overrides
+from xinda.decode.translator import Translator
+from xinda.evaluate import generation as gen
+from xinda.evaluate.metrics import corpus_scores
+from xinda.utils import read_lines
+
+APPS = {"couplet": {"tests": ("test", "wb14123"), "src": "up", "tgt": "down"},
+        "poetry": {"tests": ("test",), "src": "kw", "tgt": "poem"}}
+
+
+def run_config(app: str, workdir: Path, args) -> dict:
+    """recipes/{app}.yaml with its paths under ``workdir`` and this run's budget."""
+    cfg = yaml.safe_load((ROOT / "recipes" / f"{app}.yaml").read_text(encoding="utf-8"))
+    data = cfg["data"]
+    for key in ("train", "valid"):
+        data[key] = str(workdir / "raw" / Path(data[key]).name)
+    data["test"] = {name: str(workdir / "raw" / name) for name in data["test"]}
+    data["out_dir"] = str(workdir / "data-bin")
+    cfg["train"].update(out_dir=str(workdir / "model"), max_seconds=args.budget,
+                        threads=args.threads, progress=False)
+    return apply_overrides(cfg, args.overrides)
+
+
+def train(app: str, workdir: Path, args) -> dict:
+    """Corpus, prepare, train (each skipped when its output exists); the training stats."""
+    xinda = [sys.executable, "-m", "xinda.cli"]
+    if not (workdir / "raw" / "train.kw").exists() and not (workdir / "raw" / "train.up").exists():
+        timed([sys.executable, "-m", "xinda.apps", app, str(SHARED), str(workdir / "raw")],
+              workdir / "corpus.log")
+    cfg = run_config(app, workdir, args)
+    cfg_path = write_run_config(workdir, cfg)
+    if not (workdir / "data-bin" / "manifest.json").exists():
+        timed([*xinda, "prepare", str(cfg_path)], workdir / "prepare.log")
+    stats = workdir / "model" / "train_stats.json"
+    if not stats.exists():
+        timed([*xinda, "train", str(cfg_path)], workdir / "train.log")
+    return json.loads(stats.read_text())
+
+
+def scores(hyps: list[str], refs: list[str]) -> dict:
+    bleu = corpus_scores(hyps, refs, metrics=("bleu",), tokenize="char")[0]
+    return {"bleu_char": round(bleu.score, 2), "signature": bleu.signature,
+            "distinct_1": round(gen.distinct_n(hyps, 1), 3),
+            "distinct_2": round(gen.distinct_n(hyps, 2), 3)}
+
+
+def couplet_scores(ups: list[str], downs: list[str], refs: list[str], failed: int) -> dict:
+    tone = gen.tone_rule_rate(ups, downs)
+    return {**scores(downs, refs), "length_match": round(gen.length_match(ups, downs), 2),
+            "pattern_match": round(gen.pattern_match(ups, downs), 2),
+            "tone_rule": round(tone.rate, 2), "tone_rule_over": tone.count,
+            "copy_rate": round(gen.same_position_copy_rate(ups, downs), 2), "failed": failed}
+
+
+def evaluate_couplets(model_dir: Path, raw: Path, split: str) -> dict:
+    ups = ["".join(x.split()) for x in read_lines(raw / f"{split}.up")]
+    refs = ["".join(x.split()) for x in read_lines(raw / f"{split}.down")]
+    translator = Translator.load(model_dir)
+    plain = [t.replace(" ", "") for t in translator.translate_text(ups, beam=5)]
+    result = {"sentences": len(ups), "reference": couplet_scores(ups, refs, refs, 0),
+              "beam": couplet_scores(ups, plain, refs, 0)}
+    for name, tone in (("constrained", False), ("constrained+tone", True)):
+        ruled = [nbest[0] for nbest in write_couplets(translator, ups, tone=tone, beam=5)]
+        result[name] = couplet_scores(ups, [o.text for o in ruled], refs,
+                                      sum(o.error is not None for o in ruled))
+    return result
+
+
+def prompts(raw: Path, split: str) -> tuple[list[PoemPrompt], list[str]]:
+    """The test prompts (form word + keywords) and the real poems."""
+    forms = {word: form for form, word in FORMS.items()}
+    out = []
+    for line in read_lines(raw / f"{split}.kw"):
+        word, *keywords = line.split()
+        out.append(PoemPrompt(tuple(keywords), forms[word]))
+    return out, list(read_lines(raw / f"{split}.poem"))
+
+
+def poem_scores(prompts_: list[PoemPrompt], poems: list[str], refs: list[str],
+                failed: int) -> dict:
+    ok = [gen.poem_layout_ok(p, q.form, len(q.acrostic) or 4, q.acrostic)
+          for p, q in zip(poems, prompts_)]
+    return {**scores(poems, refs), "layout_ok": round(100 * sum(ok) / len(ok), 2),
+            "rhyme": round(gen.rhyme_rate(poems), 2), "failed": failed}
+
+
+def evaluate_poems(model_dir: Path, raw: Path, split: str) -> dict:
+    asked, refs = prompts(raw, split)
+    translator = Translator.load(model_dir)
+    result = {"sentences": len(asked), "reference": poem_scores(asked, refs, refs, 0)}
+    sources = [" ".join([FORMS[p.form], *p.keywords]) for p in asked]
+    plain = translator.translate_text(sources, beam=5)
+    result["beam"] = poem_scores(asked, [t.replace(" ", "") for t in plain], refs, 0)
+    # acrostic: the first characters of the real poem's lines (those the model can write)
+    writable = CharacterTable.of(translator.tgt_vocab).ids
+    heads = ["".join(line[0] for line in gen.poem_lines(r)) for r in refs]
+    keep = [i for i, h in enumerate(heads) if all(ch in writable for ch in h)]
+    acrostics = [PoemPrompt(asked[i].keywords, asked[i].form, heads[i]) for i in keep]
+    for name, batch, gold, rhyme in (("constrained", asked, refs, False),
+                                     ("constrained+rhyme", asked, refs, True),
+                                     ("acrostic", acrostics, [refs[i] for i in keep], False)):
+        if batch:
+            outs = [nbest[0] for nbest in write_poems(translator, batch, rhyme=rhyme, beam=5)]
+            result[name] = poem_scores(batch, [o.text for o in outs], gold,
+                                       sum(o.error is not None for o in outs))
+    result["acrostic_prompts"] = len(keep)
+    return result
+
+
+def markdown(results: dict, budget: float) -> str:
+    title = (f"### Applications, {budget:g} s of training each (transformer-small, 2 threads), "
+             "test sets decoded with beam 5; BLEU on characters (sacreBLEU signature in "
+             "applications.json)")
+    lines = [title, ""]
+    header = ["app", "test set", "decoding", "updates", "BLEU (char)", "length", "pattern",
+              "tone rule", "rhyme", "layout", "distinct-1/2", "no output"]
+    rows = []
+    for app, res in results.items():
+        for split, by_mode in res["tests"].items():
+            for mode, m in by_mode.items():
+                if not isinstance(m, dict):
+                    continue  # a count
+                prompts_ = by_mode["acrostic_prompts"] if mode == "acrostic" else None
+                rows.append([app, f"{split} ({prompts_ or by_mode['sentences']})", mode,
+                             res["train"]["steps"], m["bleu_char"],
+                             *(f"{m[k]:.1f} %" if k in m else "–"
+                               for k in ("length_match", "pattern_match", "tone_rule",
+                                         "rhyme", "layout_ok")),
+                             f"{m['distinct_1']:.3f} / {m['distinct_2']:.3f}", m["failed"]])
+    return "\n".join(lines + markdown_table(header, rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_study_arguments(ap, ROOT / "runs" / "apps", "every application's")
+    ap.set_defaults(budget=1800.0)
+    ap.add_argument("--apps", default=",".join(APPS), help=f"of {','.join(APPS)}")
+    args = ap.parse_args()
+    if not (SHARED / "poetry-couplets").is_dir():
+        print(f"skipped: {SHARED} has no poetry-couplets (set XINDA_SHARED_DATA)")
+        return
+    results = {}
+    for app in args.apps.split(","):
+        work = args.workdir / app
+        stats = train(app, work, args)
+        evaluate = evaluate_couplets if app == "couplet" else evaluate_poems
+        tests = {split: evaluate(work / "model", work / "raw", split)
+                 for split in APPS[app]["tests"]}
+        results[app] = {"train": stats, "tests": tests}
+        print(json.dumps(results[app]), flush=True)
+    out = ROOT / "docs" / "results"
+    (out / "applications.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    table = markdown(results, args.budget)
+    (out / "applications.md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
