@@ -75,7 +75,8 @@ def plot_curves(log_path: Path, png_path: Path, title: str = "") -> None:
         ax2.plot(*zip(*bleu), "s--", color="tab:green", label="valid BLEU")
         ax2.set_ylabel("BLEU")
         ax2.legend(loc="upper center")
-    ax.legend(loc="upper right")
+    if train or valid:
+        ax.legend(loc="upper right")
     fig.tight_layout()
     from xinda.utils import atomic_save
 
