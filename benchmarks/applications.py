@@ -166,7 +166,9 @@ def main() -> None:
     if not (SHARED / "poetry-couplets").is_dir():
         print(f"skipped: {SHARED} has no poetry-couplets (set XINDA_SHARED_DATA)")
         return
-    results = {}
+    out = ROOT / "docs" / "results"
+    saved = out / "applications.json"  # results of applications not rerun are kept
+    results = json.loads(saved.read_text()) if saved.exists() else {}
     for app in args.apps.split(","):
         work = args.workdir / app
         stats = train(app, work, args)
@@ -175,8 +177,7 @@ def main() -> None:
                  for split in APPS[app]["tests"]}
         results[app] = {"train": stats, "tests": tests}
         print(json.dumps(results[app]), flush=True)
-    out = ROOT / "docs" / "results"
-    (out / "applications.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    saved.write_text(json.dumps(results, indent=1, ensure_ascii=False))
     table = markdown(results, args.budget)
     (out / "applications.md").write_text(table + "\n", encoding="utf-8")
     print(table)

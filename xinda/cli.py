@@ -109,6 +109,9 @@ def translate(
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
     max_len_a: float | None = None, max_len_b: int | None = None,
     checkpoint: Annotated[Path | None, typer.Option(help="weights file to load")] = None,
+    ensemble: Annotated[list[Path] | None, typer.Option(
+        help="another model directory to decode with (repeat the option): the models' mean "
+             "log-probabilities, step by step")] = None,
     input_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
     output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
     scores: Annotated[bool, typer.Option(help="prefix each line with its score")] = False,
@@ -140,7 +143,7 @@ def translate(
     sampler = _sampling_config(sampling, temperature, top_k, top_p, seed, samples)
     lines = _read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
-    translator = Translator.load(model_dir, checkpoint)
+    translator = Translator.load(model_dir, checkpoint, ensemble=ensemble or ())
     constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
                                              no_repeat_ngram, ban_source_copy, exact_length,
                                              input_format)

@@ -29,6 +29,7 @@ from xinda.decode.constraints import (
     TargetPrefix,
     reindex,
 )
+from xinda.decode.ensemble import Ensemble, check_same_vocabularies
 from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
 from xinda.device import autocast, pick_precision
@@ -50,6 +51,14 @@ class Translation:
     error: str | None = None  # why there is no output (then text is ""), e.g. UNSATISFIABLE
 
 
+def _load_model(model_dir: Path, vocabs: Vocabularies,
+                checkpoint: str | Path | None) -> Seq2SeqModel:
+    """The model of a trained model directory with its weights."""
+    model = build_model(load_config(model_dir / "config.yaml").model, vocabs.info)
+    load_weights(model, checkpoint or default_weights(model_dir))
+    return model
+
+
 class Translator:
     """A model with its vocabularies and text pipelines; decode settings from ``cfg.decode``."""
 
@@ -61,14 +70,18 @@ class Translator:
 
     @classmethod
     def load(cls, model_dir: str | Path, checkpoint: str | Path | None = None,
-             device: str = "cpu") -> Translator:
-        """Load a trained model directory (config, vocabularies and weights)."""
-        model_dir = Path(model_dir)
-        cfg = load_config(model_dir / "config.yaml")
-        vocabs = load_vocabularies(model_dir)
-        model = build_model(cfg.model, vocabs.info)
-        load_weights(model, checkpoint or default_weights(model_dir))
-        return cls(model.to(device), cfg, vocabs)
+             device: str = "cpu", ensemble: Sequence[str | Path] = ()) -> Translator:
+        """Load a trained model directory (config, vocabularies and weights); with
+        ``ensemble`` (more model directories, same vocabularies) the models decode together
+        (``xinda.decode.ensemble``), with the first one's config and text pipelines."""
+        dirs = [Path(model_dir), *map(Path, ensemble)]
+        cfg = load_config(dirs[0] / "config.yaml")
+        vocabs = [load_vocabularies(d) for d in dirs]
+        check_same_vocabularies(dirs, vocabs)
+        models = [_load_model(d, v, checkpoint if i == 0 else None)
+                  for i, (d, v) in enumerate(zip(dirs, vocabs))]
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        return cls(model.to(device), cfg, vocabs[0])
 
     def encode_source(self, line: str, pieces_in: bool) -> list[int] | None:
         """One input line -> source ids + EOS, truncated to ``max_input_len``; None for a line

@@ -1,0 +1,65 @@
+"""Ensembles: the mean of the members' log-probabilities, each with its own incremental cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xinda.config import DecodeConfig
+from xinda.decode.ensemble import Ensemble
+from xinda.decode.search import beam_search, greedy_search
+
+TRANSFORMER = {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
+               "encoder_layers": 1, "decoder_layers": 2, "tie_output": False}
+RNN = {"arch": "rnn", "embed_dim": 8, "hidden_dim": 8, "dropout": 0.0,
+       "attention_style": "bahdanau", "attention": "concat", "decoder_layers": 1}
+DEC = DecodeConfig(beam=3, nbest=3, max_len_a=0.0, max_len_b=7)
+
+
+def same(a, b) -> None:
+    """Equal n-best lists: tokens exactly, scores to float precision."""
+    assert [[h.tokens for h in row] for row in a] == [[h.tokens for h in row] for row in b]
+    for row_a, row_b in zip(a, b):
+        for h, g in zip(row_a, row_b):
+            assert h.score == pytest.approx(g.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("spec", [TRANSFORMER, RNN], ids=["transformer", "rnn"])
+def test_an_ensemble_of_one_model_is_that_model(make_model, make_src, spec):
+    model = make_model(spec, eos_bias=1.0)
+    src = make_src([6, 3, 5])
+    same(beam_search(Ensemble([model]), src, DEC), beam_search(model, src, DEC))
+    greedy = DecodeConfig(max_len_a=0.0, max_len_b=7)
+    assert [h.tokens for h in greedy_search(Ensemble([model]), src, greedy)] == \
+        [h.tokens for h in greedy_search(model, src, greedy)]
+
+
+@pytest.mark.parametrize("spec", [TRANSFORMER, RNN], ids=["transformer", "rnn"])
+def test_two_copies_are_one_model(make_model, make_src, spec):
+    model = make_model(spec, eos_bias=1.0)
+    src = make_src([6, 3, 5])
+    same(beam_search(Ensemble([model, model]), src, DEC), beam_search(model, src, DEC))
+
+
+def test_the_step_distribution_is_the_normalised_mean_of_log_probabilities(make_model,
+                                                                            make_src, make_prev):
+    a, b = make_model(TRANSFORMER, seed=1), make_model(TRANSFORMER, seed=2)
+    src, prev = make_src([5, 4]), make_prev(2, 4)
+    ensemble = Ensemble([a, b])
+    with torch.no_grad():
+        mean, _ = ensemble.decode(prev, ensemble.encode(src))
+        expected = (torch.log_softmax(a(src, prev), -1) + torch.log_softmax(b(src, prev), -1)) / 2
+    torch.testing.assert_close(mean, expected)
+    # incremental decoding, token by token through both caches, gives the same numbers
+    with torch.no_grad():
+        enc, state = ensemble.encode(src), {}
+        steps = [ensemble.decode(prev[:, t:t + 1], enc, state)[0] for t in range(prev.size(1))]
+    torch.testing.assert_close(torch.cat(steps, 1), mean, atol=1e-5, rtol=1e-5)
+
+
+def test_different_models_change_the_result(make_model, make_src):
+    a, b = make_model(TRANSFORMER, seed=1, eos_bias=1.0), make_model(TRANSFORMER, seed=5)
+    src = make_src([6, 3, 5])
+    together = beam_search(Ensemble([a, b]), src, DEC)
+    assert [[h.tokens for h in r] for r in together] != \
+        [[h.tokens for h in r] for r in beam_search(a, src, DEC)]

@@ -1,0 +1,84 @@
+"""Ensembles: several trained models decode as one (``xinda translate M1 --ensemble M2 ...``).
+
+At every step each model runs its own incremental decoder (its cache lives in its own part of
+the search state) and the ensemble's next-token distribution is the normalised mean of the
+models' log-probabilities, log p(y) ∝ (1/M) Σ_m log p_m(y) (a geometric mean; the search's
+log-softmax normalises it). The models must share the source and target vocabularies (the
+same sentencepiece models), which ``check_same_vocabularies`` enforces with a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from xinda.data.manifest import Vocabularies
+from xinda.errors import XindaError
+from xinda.models.base import EncoderOut, Seq2SeqModel
+
+
+@dataclass
+class EnsembleEncoderOut(EncoderOut):
+    """The first model's memory and padding (what the search reads) plus every model's own."""
+
+    parts: list[EncoderOut]
+
+    def reorder(self, order: Tensor) -> EnsembleEncoderOut:
+        parts = [part.reorder(order) for part in self.parts]
+        return EnsembleEncoderOut(parts[0].memory, parts[0].src_pad, parts)
+
+
+class Ensemble(Seq2SeqModel):
+    """``models`` decoding together; the config of the first (max_positions: the smallest)."""
+
+    def __init__(self, models: Sequence[Seq2SeqModel]):
+        super().__init__()
+        if not models:
+            raise XindaError("an ensemble needs at least one model")
+        self.members = nn.ModuleList(models)
+        self.vocab = models[0].vocab
+        limit = min(m.cfg.max_positions for m in models)
+        self.cfg = models[0].cfg.model_copy(update={"max_positions": limit})
+
+    @property
+    def has_attention(self) -> bool:
+        return all(m.has_attention for m in self.members)
+
+    def encode(self, src: Tensor) -> EnsembleEncoderOut:
+        parts = [m.encode(src) for m in self.members]
+        return EnsembleEncoderOut(parts[0].memory, parts[0].src_pad, parts)
+
+    def decode(self, prev: Tensor, enc: EnsembleEncoderOut, state: dict | None = None,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """prev (B, T) -> the mean log-probabilities (B, T, V) of the members and, when asked,
+        their mean source attention (B, T, S)."""
+        states = None if state is None else state.setdefault("members", [{} for _ in
+                                                                         self.members])
+        logps, attns = [], []
+        for i, (model, part) in enumerate(zip(self.members, enc.parts)):
+            logits, attn = model.decode(prev, part, None if states is None else states[i],
+                                        need_weights)
+            logps.append(torch.log_softmax(logits.float(), dim=-1))
+            attns.append(attn)
+        mean_attn = None if attns[0] is None else torch.stack(attns).mean(0)
+        return torch.stack(logps).mean(0), mean_attn
+
+    def reorder_state(self, state: dict, order: Tensor) -> None:
+        for model, member_state in zip(self.members, state.get("members", [])):
+            model.reorder_state(member_state, order)
+
+
+def check_same_vocabularies(dirs: Sequence[Path], vocabs: Sequence[Vocabularies]) -> None:
+    """XindaError unless every model has the first one's source and target sentencepiece
+    models (compared byte for byte)."""
+    first = vocabs[0]
+    for folder, other in zip(dirs[1:], vocabs[1:]):
+        for side, a, b in (("source", first.src, other.src), ("target", first.tgt, other.tgt)):
+            if a.path.read_bytes() != b.path.read_bytes():
+                raise XindaError(f"--ensemble {folder}: its {side} vocabulary ({b.path.name}, "
+                                 f"{b.size} pieces) differs from {dirs[0]}'s ({a.size} pieces); "
+                                 "an ensemble needs models with the same vocabularies")
