@@ -161,3 +161,12 @@ def test_a_line_of_control_characters_translates_to_an_empty_line(trained, xinda
     assert len(rows) == 4 and rows[-1] == ""  # three lines in, three out
     assert rows[1] == "0.0000\t" and rows[2] == "0.0000\t"  # nothing left to translate
     assert float(rows[0].split("\t")[0]) < 0  # a real line is decoded
+
+
+@pytest.mark.parametrize(("option", "value", "setting"), [
+    ("--beam", "0", "decode.beam"), ("--batch-size", "0", "decode.batch_size"),
+    ("--alpha", "-1", "decode.alpha"), ("--precision", "fp8", "decode.precision")])
+def test_bad_decode_options_are_one_line_errors(trained, xinda, one_line_error, option, value,
+                                                setting):
+    proc = xinda("translate", trained.model_dir, option, value, input="five\n", ok=False)
+    one_line_error(proc, setting)

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydantic import ValidationError
 
 from xinda.checkpoint import default_weights, load_weights
-from xinda.config import DecodeConfig, ExperimentConfig, load_config
+from xinda.config import DecodeConfig, ExperimentConfig, format_validation_error, load_config
 from xinda.data.manifest import Vocabularies, load_vocabularies
 from xinda.decode.constraints import (
     BanSourceTokens,
@@ -112,7 +113,7 @@ class Translator:
         with ``error`` set. ``sampling`` draws ``sampling.n`` samples per line instead of beam
         search (ranked by score; reproducible for the same lines, batch size and seed).
         """
-        dec = DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
+        dec = self.decode_settings(options)
         sources = [self.encode_source(line, input_format == "pieces") for line in lines]
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
@@ -132,6 +133,14 @@ class Translator:
                 results[i] = [Translation("", 0.0, [], [])] * (sampling.n if sampling else
                                                                dec.nbest)
         return results
+
+    def decode_settings(self, options: dict) -> DecodeConfig:
+        """The model's ``DecodeConfig`` with ``options`` applied; a bad value is a one-line
+        XindaError naming the setting (``decode.beam: ...``)."""
+        try:
+            return DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
+        except ValidationError as err:
+            raise XindaError(format_validation_error(err, "", "decode")) from None
 
     def translate_text(self, lines: list[str], **options) -> list[str]:
         """Convenience: the best translation of each line as a string."""
