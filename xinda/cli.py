@@ -140,7 +140,7 @@ def translate(
 
     if threads:
         torch.set_num_threads(threads)
-    sampler = _sampling_config(sampling, temperature, top_k, top_p, seed, samples)
+    sampler = _sampling_options(sampling, temperature, top_k, top_p, seed, samples)
     lines = _read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
     translator = Translator.load(model_dir, checkpoint, ensemble=ensemble or ())
@@ -149,32 +149,30 @@ def translate(
                                              input_format)
     given = {"beam": beam, "alpha": alpha, "coverage": coverage, "batch_size": batch_size,
              "max_len_a": max_len_a, "max_len_b": max_len_b, "precision": precision,
-             "nbest": nbest}
+             "nbest": nbest, **sampler}
     options = {k: v for k, v in given.items() if v is not None}
+    dec = translator.decode_settings(options)
+    if sampler and not dec.sampling:
+        raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
                                    need_attention=attention_plot is not None,
-                                   constraints=constraints, sampling=sampler, **options)
+                                   constraints=constraints, **options)
     seconds = time.perf_counter() - start
     if attention_plot is not None:
         _plot_attention(results, attention_plot)
-    n_best = sampler.n if sampler else options.get("nbest", translator.cfg.decode.nbest)
+    n_best = dec.samples if dec.sampling else dec.nbest
     _write_output(output, _output_lines(results, n_best, scores))
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "
           f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s)", file=sys.stderr)
 
 
-def _sampling_config(on: bool, temperature: float | None, top_k: int | None,
-                     top_p: float | None, seed: int | None, samples: int | None):
-    """The SamplingConfig of the --sampling options (None without --sampling)."""
-    from xinda.decode.sampling import SamplingConfig
-
-    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-             "n": samples}
-    options = {k: v for k, v in given.items() if v is not None}
-    if options and not on:
-        raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
-    return SamplingConfig(**options) if on else None
+def _sampling_options(on: bool, temperature: float | None, top_k: int | None,
+                      top_p: float | None, seed: int | None, samples: int | None) -> dict:
+    """The decode settings of the --sampling options that were given."""
+    given = {"sampling": on or None, "temperature": temperature, "top_k": top_k,
+             "top_p": top_p, "seed": seed, "samples": samples}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _read_prefixes(path: Path | None, n_lines: int) -> list[str] | None:

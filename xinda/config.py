@@ -94,6 +94,13 @@ class DecodeConfig(Strict):
     max_input_len: int = Field(250, ge=1)  # longer inputs are truncated with a warning
     nbest: int = Field(1, ge=1)
     precision: Literal["fp32", "bf16", "auto"] = "fp32"  # auto: bf16 where it is fast
+    # sampling instead of beam search (xinda.decode.sampling; `xinda translate --sampling`)
+    sampling: bool = False
+    temperature: float = Field(1.0, gt=0)  # divides the log-probabilities (-> 0: greedy)
+    top_k: int = Field(0, ge=0)  # sample among the k most probable tokens; 0 = all
+    top_p: float = Field(1.0, gt=0, le=1)  # nucleus: smallest set with probability >= top_p
+    samples: int = Field(1, ge=1)  # samples per input sentence
+    seed: int = 1  # seeds the sampling generator
 
 
 class ExperimentConfig(Strict):

@@ -125,3 +125,14 @@ def test_filters_by_hand():
 def test_bad_sampling_settings_are_one_line_errors(fields, message):
     with pytest.raises(XindaError, match=message.replace("(", r"\(").replace("]", r"\]")):
         SamplingConfig(**fields)
+
+
+def test_sampling_settings_default_to_the_decode_config():
+    from xinda.config import DecodeConfig
+
+    dec = DecodeConfig()
+    assert SamplingConfig.from_decode(dec) is None  # beam search unless sampling is asked for
+    on = dec.model_copy(update={"sampling": True, "top_p": 0.9, "samples": 3, "seed": 4})
+    assert SamplingConfig.from_decode(on) == SamplingConfig(top_p=0.9, n=3, seed=4)
+    assert SamplingConfig() == SamplingConfig(dec.temperature, dec.top_k, dec.top_p,
+                                              dec.samples, dec.seed)

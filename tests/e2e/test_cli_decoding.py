@@ -97,8 +97,8 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
 
 
 @pytest.mark.parametrize(("args", "fragments"), [
-    (("--sampling", "--top-p", "1.5"), ("top-p must be in (0, 1]",)),
-    (("--sampling", "--temperature", "0"), ("temperature must be > 0",)),
+    (("--sampling", "--top-p", "1.5"), ("decode.top_p", "less than or equal to 1")),
+    (("--sampling", "--temperature", "0"), ("decode.temperature", "greater than 0")),
     (("--top-k", "3"), ("need --sampling",)),
     (("--ban", "7,seven hundred"), ("cannot ban 'seven hundred'",)),
     (("--no-repeat-ngram", "-1"), ("must be >= 0",)),
@@ -132,7 +132,25 @@ def test_translator_constraints_see_the_callers_line_numbers(trained, files):
         assert nbest[0].text.startswith(str(i + 1) * 2) and nbest[0].error is None
     assert [(t.text, t.error) for t in results[4]] == [("", UNSATISFIABLE)]
     samples = translator.translate(lines + [""], batch_size=2, constraints=[
-        TargetPrefix(prefixes + [[]])], sampling=SamplingConfig(n=2, seed=3))
+        TargetPrefix(prefixes + [[]])], sampler=SamplingConfig(n=2, seed=3))
     assert [len(s) for s in samples] == [2] * len(lines) + [2]
     for i, nbest in enumerate(samples[:4]):
         assert all(t.text.startswith(str(i + 1) * 2) for t in nbest)
+
+
+def test_a_model_config_that_asks_for_sampling_samples(trained, files, xinda, tmp_path):
+    """decode.sampling in the model's config.yaml does what --sampling does."""
+    import shutil
+
+    import yaml
+
+    folder, _ = files
+    model = tmp_path / "sampling-model"
+    shutil.copytree(trained.model_dir, model)
+    cfg = yaml.safe_load((model / "config.yaml").read_text(encoding="utf-8"))
+    cfg["decode"].update(sampling=True, samples=2, seed=7, top_p=0.9)
+    (model / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    by_config = xinda("translate", model, "-i", folder / "in.txt", "--threads", "1").stdout
+    by_options = translate(xinda, trained, folder, "--sampling", "--samples", "2", "--seed",
+                           "7", "--top-p", "0.9").stdout
+    assert by_config == by_options and " ||| " in by_config

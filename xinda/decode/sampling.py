@@ -27,13 +27,27 @@ from xinda.models.base import Seq2SeqModel
 NEG_INF = float("-inf")
 
 
+def _default(name: str):
+    """The default of ``DecodeConfig.<name>`` (each default is defined once, there)."""
+    return DecodeConfig.model_fields[name].default
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = 1.0  # > 0; divides the log-probabilities (-> 0: greedy)
-    top_k: int = 0  # sample among the k most probable tokens; 0 = all
-    top_p: float = 1.0  # nucleus: the smallest set with probability >= top_p, in (0, 1]
-    n: int = 1  # samples per input sentence
-    seed: int = 1  # seeds the sampling generator
+    """Sampling settings; the fields and defaults of ``DecodeConfig``'s sampling section."""
+
+    temperature: float = _default("temperature")  # > 0; -> 0: greedy
+    top_k: int = _default("top_k")  # 0 = all tokens
+    top_p: float = _default("top_p")  # in (0, 1]
+    n: int = _default("samples")  # samples per input sentence
+    seed: int = _default("seed")
+
+    @classmethod
+    def from_decode(cls, dec: DecodeConfig) -> SamplingConfig | None:
+        """The sampling settings of ``dec``, or None when it asks for beam/greedy search."""
+        if not dec.sampling:
+            return None
+        return cls(dec.temperature, dec.top_k, dec.top_p, dec.samples, dec.seed)
 
     def __post_init__(self):
         if not self.temperature > 0:

@@ -102,7 +102,7 @@ class Translator:
 
     def translate(self, lines: list[str], input_format: str = "text",
                   output_format: str = "text", need_attention: bool = False,
-                  constraints: Sequence[Constraint] = (), sampling: SamplingConfig | None = None,
+                  constraints: Sequence[Constraint] = (), sampler: SamplingConfig | None = None,
                   **options) -> list[list[Translation]]:
         """Translate ``lines``; returns, for each line, its n-best list (best first).
 
@@ -110,10 +110,12 @@ class Translator:
         nbest, max_len_a, max_len_b, batch_size, precision). input/output_format "pieces"
         reads/writes sentencepiece pieces. ``constraints`` index sentences by their position in
         ``lines`` (see ``constraints_for``); a line no output satisfies gets one Translation
-        with ``error`` set. ``sampling`` draws ``sampling.n`` samples per line instead of beam
-        search (ranked by score; reproducible for the same lines, batch size and seed).
+        with ``error`` set. ``sampler`` draws ``sampler.n`` samples per line instead of beam
+        search (ranked by score; reproducible for the same lines, batch size and seed); without
+        it, the model's ``decode.sampling`` settings decide.
         """
         dec = self.decode_settings(options)
+        sampling = sampler or SamplingConfig.from_decode(dec)
         sources = [self.encode_source(line, input_format == "pieces") for line in lines]
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
