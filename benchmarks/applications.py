@@ -119,9 +119,9 @@ def evaluate_poems(model_dir: Path, raw: Path, split: str) -> dict:
     plain = translator.translate_text(sources, beam=5)
     result["beam"] = poem_scores(asked, [t.replace(" ", "") for t in plain], refs, 0)
     # acrostic: the first characters of the real poem's lines (those the model can write)
-    writable = CharacterTable.of(translator.tgt_vocab).ids
+    table = CharacterTable.of(translator.tgt_vocab)
     heads = ["".join(line[0] for line in gen.poem_lines(r)) for r in refs]
-    keep = [i for i, h in enumerate(heads) if all(ch in writable for ch in h)]
+    keep = [i for i, h in enumerate(heads) if all(map(table.writable, h))]
     acrostics = [PoemPrompt(asked[i].keywords, asked[i].form, heads[i]) for i in keep]
     for name, batch, gold, rhyme in (("constrained", asked, refs, False),
                                      ("constrained+rhyme", asked, refs, True),

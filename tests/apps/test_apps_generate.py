@@ -155,3 +155,50 @@ def test_commands_reject_bad_prompts_in_one_line(model_dir, args, message):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("xinda: error: ")
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def two_piece_table():
+    """A vocabulary where 春 is one piece "▁春" (id 10) and 风, 月 and ， are written "▁" (5) +
+    the bare piece (20, 21, 22); EOS 3."""
+    from xinda.apps.rules import CharacterTable
+
+    one, bare = {"春": 10}, {"风": 20, "月": 21, "，": 22}
+    return CharacterTable(one, bare, 5, 3, {10: "春"}, {20: "风", 21: "月", 22: "，"})
+
+
+def allowed_after(rule, tokens, vocab_size=30):
+    from torch import tensor, zeros
+
+    mask = rule.apply(len(tokens), tensor([[2, *tokens]]), tensor([0]), zeros(1, vocab_size))
+    return set(mask[0].nonzero()[:, 0].tolist())
+
+
+def test_characters_of_two_pieces_read_and_continue_correctly():
+    from xinda.apps.rules import CoupletRules
+
+    table = two_piece_table()
+    assert table.read([10, 5, 20, 5]) == (["春", "风"], True)  # "▁" opens a third character
+    rule = CoupletRules(["春风春"], table, fill=1)
+    # a new character first: 春 in one piece, or "▁" for the two-piece ones
+    assert allowed_after(rule, []) == {10, 5}
+    assert allowed_after(rule, [5]) == {20, 21}  # after "▁": the second pieces (Han only)
+    assert allowed_after(rule, [5, 20]) == {10, 5}  # 风 is taken: 春 or "▁" + 月
+    assert allowed_after(rule, [5, 20, 5]) == {21}
+    # position 2 repeats position 0 (春 .. 春), here 风: "▁" then 风, whatever came between
+    assert allowed_after(rule, [5, 20, 10]) == {5}
+    assert allowed_after(rule, [5, 20, 10, 5]) == {20}
+    assert allowed_after(rule, [5, 20, 5, 21, 5]) == {20}
+    assert allowed_after(rule, [5, 20, 10, 5, 20]) == {3}  # three characters: EOS only
+    rule = CoupletRules(["月月"], table, fill=1)
+    assert allowed_after(rule, [5, 21]) == {5}  # repeat 月: "▁" then 月
+    assert allowed_after(rule, [5, 21, 5]) == {21}
+    assert allowed_after(rule, [5, 21, 5, 21]) == {3}  # two characters: EOS only
+
+
+def test_a_mark_in_a_poem_is_written_in_two_pieces():
+    from xinda.apps.rules import PoemRules
+
+    rule = PoemRules([{1: "，"}], [2], [1], [""], two_piece_table())
+    assert allowed_after(rule, [10]) == {5}
+    assert allowed_after(rule, [10, 5]) == {22}
+    assert allowed_after(rule, [10, 5, 22]) == {3}

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xinda.apps.poetry import FORMS, source_text, template
-from xinda.apps.rules import WORD_START, CharacterTable, CoupletRules, PoemRules
+from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
 from xinda.decode.translator import Translation, Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, is_punctuation
@@ -42,12 +42,6 @@ class PoemPrompt:
             raise XindaError(f"{where}: give keywords or an acrostic")
 
 
-def _characters(translation: Translation, fill: str | None = None) -> str:
-    """The output pieces as text: "▁X" -> X; any other piece (a placeholder) -> ``fill``."""
-    return "".join(p[1:] if len(p) == 2 and p[0] == WORD_START else (fill or "")
-                   for p in translation.target_pieces)
-
-
 def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[list[Output]]:
     return [[Output("", float("-inf"), t.error) if t.error else Output(text, t.score)
              for t, text in zip(nbest, line_texts)]
@@ -63,14 +57,20 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
         if not line:
             raise XindaError(f"first line {i} is empty: a couplet needs a first line")
     table = CharacterTable.of(translator.tgt_vocab)
-    fill = translator.tgt_vocab.unk
-    rules = CoupletRules(lines, table, fill, no_copy=no_copy, tone=tone)
+    rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
+    _room_for(rules, len(lines), options)
     options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
-    results = translator.translate(lines, output_format="pieces", constraints=[rules],
-                                   nbest=nbest, **options)
-    texts = [[_restore_punctuation(_characters(t, "?"), up) for t in nbest_list]
+    results = translator.translate(lines, constraints=[rules], nbest=nbest, **options)
+    texts = [[_restore_punctuation(t.text, up) for t in nbest_list]
              for nbest_list, up in zip(results, lines)]
     return _outputs(results, texts)
+
+
+def _room_for(rules, n: int, options: dict) -> None:
+    """Decode settings whose length limit leaves room for two tokens per character (the
+    rules end each output at its length in characters)."""
+    options.setdefault("max_len_a", 0.0)
+    options.setdefault("max_len_b", max(rules.max_length(s) for s in range(n)) + 1)
 
 
 def _restore_punctuation(text: str, up: str) -> str:
@@ -87,12 +87,13 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
     for i, prompt in enumerate(prompts, start=1):
         prompt.check(f"prompt {i}")
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
-        layouts.append({pos: table.id(mark, "punctuation mark") for pos, mark in marks.items()})
+        layouts.append({pos: table.check(mark, "punctuation mark") for pos, mark in
+                        marks.items()})
         lengths.append(length)
-        heads.append([table.id(ch, "acrostic character") for ch in prompt.acrostic])
+        heads.append("".join(table.check(ch, "acrostic character") for ch in prompt.acrostic))
         sources.append(source_text(prompt.form, prompt.keywords or tuple(prompt.acrostic)))
     rules = PoemRules(layouts, lengths, [p.form for p in prompts], heads, table, rhyme=rhyme)
+    _room_for(rules, len(prompts), options)
     options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
-    results = translator.translate(sources, output_format="pieces", constraints=[rules],
-                                   nbest=nbest, **options)
-    return _outputs(results, [[_characters(t) for t in nbest_list] for nbest_list in results])
+    results = translator.translate(sources, constraints=[rules], nbest=nbest, **options)
+    return _outputs(results, [[t.text for t in nbest_list] for nbest_list in results])

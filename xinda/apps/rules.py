@@ -1,16 +1,17 @@
 """The couplet and poem rules as decoding constraints (``xinda.decode.constraints``).
 
-Both tasks are written one character per output position: the models are trained on text
-pre-tokenised into characters, so a character is the piece "▁X" (or, for a rare one, "▁" +
-"X"). ``CharacterTable`` keeps the one-piece characters; every rule below allows only those
-at the free positions, so output position i is character i and the rules can speak of
-positions. A character without a one-piece form cannot be written (it is rare by
-construction: sentencepiece kept the frequent characters whole).
+Both tasks are written character by character: the models are trained on text pre-tokenised
+into characters, and sentencepiece writes each character as one piece "▁X" (the frequent
+ones) or as two, "▁" then "X". ``CharacterTable`` reads a row's tokens back as characters, and
+``CharacterRule`` turns a rule about character positions ("the character at position i must be
+one of these") into the tokens allowed next: a one-piece character or "▁" at a character
+boundary, the second piece of a two-piece character after "▁", and EOS exactly when the line
+has its length in characters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,110 +29,188 @@ from xinda.evaluate.generation import (
 )
 
 WORD_START = "\u2581"  # sentencepiece's "▁"
+FILL = "\u2047"  # "⁇": how a placeholder token (unk) reads back
 
 
 @dataclass(frozen=True)
 class CharacterTable:
-    """The one-piece characters of a vocabulary: char -> id, id -> char, and a (V,) mask."""
+    """How a vocabulary writes characters: char -> "▁X" id and/or bare "X" id."""
 
-    ids: dict[str, int]
-    chars: dict[int, str]
-    mask: Tensor  # (V,) bool, True for the ids of Han characters
+    one: dict[str, int]  # characters with a one-piece form "▁X"
+    bare: dict[str, int]  # characters with a bare piece "X" (written after "▁")
+    start: int  # the id of "▁"
+    eos: int
+    by_one: dict[int, str]  # the inverses
+    by_bare: dict[int, str]
 
     @classmethod
     def of(cls, vocab: Vocab) -> CharacterTable:
-        ids = {}
+        one, bare = {}, {}
         for i in range(len(vocab.sp)):
             piece = vocab.sp.id_to_piece(i)
-            if len(piece) == 2 and piece[0] == WORD_START and not vocab.sp.is_control(i):
-                ids[piece[1]] = i
-        mask = torch.zeros(vocab.size, dtype=torch.bool)
-        mask[[i for ch, i in ids.items() if is_han(ch)]] = True
-        return cls(ids, {i: ch for ch, i in ids.items()}, mask)
+            if vocab.sp.is_control(i) or vocab.sp.is_unknown(i):
+                continue
+            if len(piece) == 2 and piece[0] == WORD_START:
+                one[piece[1]] = i
+            elif len(piece) == 1 and piece != WORD_START:
+                bare[piece] = i
+        return cls(one, bare, vocab.sp.piece_to_id(WORD_START), vocab.eos,
+                   {i: ch for ch, i in one.items()}, {i: ch for ch, i in bare.items()})
 
-    def id(self, ch: str, what: str) -> int:
-        """The id of ``ch``; XindaError naming ``what`` it is when the model cannot write it."""
-        if ch not in self.ids:
+    def writable(self, ch: str) -> bool:
+        return ch in self.one or ch in self.bare
+
+    def check(self, ch: str, what: str) -> str:
+        """``ch``, or a XindaError naming ``what`` it is when the model cannot write it."""
+        if not self.writable(ch):
             raise XindaError(f"{what} {ch!r} is not a character this model can write")
-        return self.ids[ch]
+        return ch
 
-    def text(self, tokens: Sequence[int]) -> str:
-        return "".join(self.chars.get(t, "?") for t in tokens)
+    def read(self, tokens: Sequence[int], fill: int | None = None) -> tuple[list[str], bool]:
+        """The characters of ``tokens`` and whether the last one is still open (after "▁");
+        the ``fill`` token reads as one character, FILL."""
+        chars, open_ = [], False
+        for t in tokens:
+            if t == fill:
+                chars.append(FILL)
+            elif t == self.start:
+                open_ = True
+                continue
+            elif open_ and t in self.by_bare:
+                chars.append(self.by_bare[t])
+            elif t in self.by_one:
+                chars.append(self.by_one[t])
+            open_ = False
+        return chars, open_
 
 
-class CoupletRules(Constraint):
-    """The second line of each first line ``ups[s]``: as long as it; at a punctuation position
-    the placeholder ``fill`` (the caller writes the first line's mark there); elsewhere a Han
-    character that repeats the one at position j exactly where the first line repeats position
-    j (``repetition_pattern``) and is new otherwise; optionally never the first line's character
-    at the same position (``no_copy``) and, when the first line ends on an oblique tone, a
-    level-tone last character (``tone``)."""
+class CharacterRule(Constraint):
+    """Base of the character-level rules: subclasses say how long each line is (``chars``)
+    and which characters may stand at position i (``choices``: a set, or None for any Han
+    character, minus ``excluded``)."""
+
+    def __init__(self, table: CharacterTable, fill: int | None = None):
+        self.table, self.fill = table, fill
+        self.han_one = [i for ch, i in table.one.items() if is_han(ch)]
+        self.han_bare = [i for ch, i in table.bare.items() if is_han(ch)]
+
+    def chars(self, sentence: int) -> int:
+        raise NotImplementedError
+
+    def choices(self, sentence: int, written: list[str]) -> Collection[str] | None:
+        """The characters allowed at position ``len(written)``; None: any Han character."""
+        return None
+
+    def excluded(self, sentence: int, written: list[str]) -> Collection[str]:
+        """Characters not allowed at position ``len(written)`` (with ``choices`` None)."""
+        return ()
+
+    def min_length(self, sentence: int) -> int:
+        return self.chars(sentence)  # tokens: one per character at least
+
+    def max_length(self, sentence: int) -> int:
+        return 2 * self.chars(sentence)  # two per character at most
+
+    def apply(self, step: int, prefix: Tensor, sentence: Tensor, logp: Tensor) -> Tensor:
+        allowed = torch.zeros_like(logp, dtype=torch.bool)  # (R, V)
+        for row, (tokens, s) in enumerate(zip(prefix[:, 1:].tolist(), sentence.tolist())):
+            written, open_ = self.table.read(tokens, self.fill)
+            if not open_ and len(written) >= self.chars(s):
+                allowed[row, self.table.eos] = True
+                continue
+            self._allow(allowed[row], self.choices(s, written),
+                        self.excluded(s, written), open_)
+        return allowed
+
+    def _allow(self, row: Tensor, choices: Collection[str] | None, excluded: Collection[str],
+               open_: bool) -> None:
+        """Mark in ``row`` (V,) the tokens that write an allowed character next."""
+        t = self.table
+        if choices is not None:
+            if self.fill is not None and FILL in choices and not open_:
+                row[self.fill] = True
+            for ch in choices:
+                if open_ and ch in t.bare:
+                    row[t.bare[ch]] = True
+                elif not open_ and ch in t.one:
+                    row[t.one[ch]] = True
+                elif not open_ and ch in t.bare:
+                    row[t.start] = True
+            return
+        row[self.han_bare if open_ else self.han_one] = True
+        if not open_ and self.han_bare:
+            row[t.start] = True
+        for ch in excluded:
+            if open_ and ch in t.bare:
+                row[t.bare[ch]] = False
+            elif not open_ and ch in t.one:
+                row[t.one[ch]] = False
+
+
+class CoupletRules(CharacterRule):
+    """The second line of each first line ``ups[s]``: as many characters; at a punctuation
+    position the placeholder ``fill`` (the caller writes the first line's mark there);
+    elsewhere a Han character that repeats the one at position j exactly where the first line
+    repeats position j (``repetition_pattern``) and is new otherwise; optionally never the
+    first line's character at the same position (``no_copy``) and, when the first line ends
+    on an oblique tone, a level-tone last character (``tone``)."""
 
     def __init__(self, ups: Sequence[str], table: CharacterTable, fill: int,
                  no_copy: bool = False, tone: bool = False):
-        self.ups, self.table, self.fill = list(ups), table, fill
+        super().__init__(table, fill)
+        self.ups = list(ups)
         self.patterns = [repetition_pattern(up) for up in self.ups]
         self.no_copy, self.tone = no_copy, tone
-        self.level = table.mask.clone()
-        self.level[[i for ch, i in table.ids.items() if level_oblique(ch) != "平"]] = False
+        writable = [ch for ch in (*table.one, *table.bare) if is_han(ch)]
+        self.level = {ch for ch in writable if level_oblique(ch) == "平"}
 
-    def length(self, sentence: int) -> int:
+    def chars(self, sentence: int) -> int:
         return len(self.ups[sentence])
 
-    def apply(self, step: int, prefix: Tensor, sentence: Tensor, logp: Tensor) -> Tensor:
-        allowed = self.table.mask.to(logp.device).expand_as(logp).clone()  # (R, V)
-        for row, (tokens, s) in enumerate(zip(prefix[:, 1:].tolist(), sentence.tolist())):
-            up = self.ups[s]
-            if step >= len(up):
-                allowed[row] = True  # the end: the search's length rule forces EOS
-                continue
-            if is_punctuation(up[step]):
-                allowed[row] = False
-                allowed[row, self.fill] = True
-                continue
-            j = self.patterns[s][step]
-            if j is not None:
-                allowed[row] &= torch.arange(allowed.size(1), device=logp.device) == tokens[j]
-                continue
-            allowed[row, tokens] = False  # a new character
-            if self.no_copy and up[step] in self.table.ids:
-                allowed[row, self.table.ids[up[step]]] = False
-            if self.tone and step == len(up) - 1 and level_oblique(up[step]) == "仄":
-                allowed[row] &= self.level.to(logp.device)
-        return allowed
+    def choices(self, sentence: int, written: list[str]) -> Collection[str] | None:
+        up, i = self.ups[sentence], len(written)
+        if is_punctuation(up[i]):
+            return {FILL}
+        j = self.patterns[sentence][i]
+        if j is not None:
+            return {written[j]}
+        if self.tone and i == len(up) - 1 and level_oblique(up[i]) == "仄":
+            return self.level - set(written) - ({up[i]} if self.no_copy else set())
+        return None
+
+    def excluded(self, sentence: int, written: list[str]) -> Collection[str]:
+        up = self.ups[sentence]
+        return {*written, up[len(written)]} if self.no_copy else set(written)
 
 
-class PoemRules(Constraint):
-    """Poems of ``lines[s]`` lines of ``forms[s]`` characters: the marks of ``layouts[s]``
-    (position -> token) at their positions, Han characters elsewhere, ``heads[s]`` (acrostic:
-    the first character of each line, or "") at the line starts, and with ``rhyme`` the last
-    character of every even line in the rhyme group of line 2's."""
+class PoemRules(CharacterRule):
+    """Poems of ``lengths[s]`` characters in lines of ``forms[s]``: the marks of
+    ``layouts[s]`` (position -> mark) at their positions, Han characters elsewhere,
+    ``heads[s]`` (the acrostic, or "") at the line starts, and with ``rhyme`` the last
+    character of line 4 in the rhyme group of line 2's."""
 
-    def __init__(self, layouts: Sequence[dict[int, int]], lengths: Sequence[int],
-                 forms: Sequence[int], heads: Sequence[Sequence[int]], table: CharacterTable,
+    def __init__(self, layouts: Sequence[dict[int, str]], lengths: Sequence[int],
+                 forms: Sequence[int], heads: Sequence[str], table: CharacterTable,
                  rhyme: bool = False):
+        super().__init__(table)
         self.layouts, self.lengths, self.forms = list(layouts), list(lengths), list(forms)
-        self.heads, self.table, self.rhyme = list(heads), table, rhyme
-        self.groups = {i: rhyme_group(ch) for ch, i in table.ids.items() if is_han(ch)}
+        self.heads, self.rhyme = list(heads), rhyme
+        self.groups: dict[str | None, set[str]] = {}
+        for ch in (*table.one, *table.bare):
+            if is_han(ch):
+                self.groups.setdefault(rhyme_group(ch), set()).add(ch)
 
-    def length(self, sentence: int) -> int:
+    def chars(self, sentence: int) -> int:
         return self.lengths[sentence]
 
-    def apply(self, step: int, prefix: Tensor, sentence: Tensor, logp: Tensor) -> Tensor:
-        allowed = self.table.mask.to(logp.device).expand_as(logp).clone()  # (R, V)
-        for row, (tokens, s) in enumerate(zip(prefix[:, 1:].tolist(), sentence.tolist())):
-            if step >= self.lengths[s]:
-                allowed[row] = True  # the end: the search's length rule forces EOS
-                continue
-            line, column = divmod(step, self.forms[s] + 1)
-            forced = self.layouts[s].get(step)
-            if forced is None and column == 0 and line < len(self.heads[s]):
-                forced = self.heads[s][line]
-            if forced is not None:
-                allowed[row] = False
-                allowed[row, forced] = True
-            elif self.rhyme and line % 2 == 1 and line > 1 and column == self.forms[s] - 1:
-                group = self.groups.get(tokens[2 * self.forms[s]])  # line 2's last character
-                if group is not None:
-                    allowed[row, [i for i, g in self.groups.items() if g != group]] = False
-        return allowed
+    def choices(self, sentence: int, written: list[str]) -> Collection[str] | None:
+        i, form = len(written), self.forms[sentence]
+        line, column = divmod(i, form + 1)
+        if i in self.layouts[sentence]:
+            return {self.layouts[sentence][i]}
+        if column == 0 and line < len(self.heads[sentence]):
+            return {self.heads[sentence][line]}
+        if self.rhyme and line == 3 and column == form - 1:
+            group = rhyme_group(written[2 * form])  # line 2's last character
+            return self.groups.get(group) if group is not None else None
+        return None
