@@ -79,9 +79,9 @@ def couplet_scores(ups: list[str], downs: list[str], refs: list[str], failed: in
             "copy_rate": round(gen.same_position_copy_rate(ups, downs), 2), "failed": failed}
 
 
-def evaluate_couplets(model_dir: Path, raw: Path, split: str) -> dict:
-    ups = ["".join(x.split()) for x in read_lines(raw / f"{split}.up")]
-    refs = ["".join(x.split()) for x in read_lines(raw / f"{split}.down")]
+def evaluate_couplets(model_dir: Path, raw: Path, split: str, limit: int = 0) -> dict:
+    ups = ["".join(x.split()) for x in read_lines(raw / f"{split}.up")][:limit or None]
+    refs = ["".join(x.split()) for x in read_lines(raw / f"{split}.down")][:limit or None]
     translator = Translator.load(model_dir)
     plain = [t.replace(" ", "") for t in translator.translate_text(ups, beam=5)]
     result = {"sentences": len(ups), "reference": couplet_scores(ups, refs, refs, 0),
@@ -93,14 +93,14 @@ def evaluate_couplets(model_dir: Path, raw: Path, split: str) -> dict:
     return result
 
 
-def prompts(raw: Path, split: str) -> tuple[list[PoemPrompt], list[str]]:
+def prompts(raw: Path, split: str, limit: int = 0) -> tuple[list[PoemPrompt], list[str]]:
     """The test prompts (form word + keywords) and the real poems."""
     forms = {word: form for form, word in FORMS.items()}
     out = []
     for line in read_lines(raw / f"{split}.kw"):
         word, *keywords = line.split()
         out.append(PoemPrompt(tuple(keywords), forms[word]))
-    return out, list(read_lines(raw / f"{split}.poem"))
+    return out[:limit or None], list(read_lines(raw / f"{split}.poem"))[:limit or None]
 
 
 def poem_scores(prompts_: list[PoemPrompt], poems: list[str], refs: list[str],
@@ -111,8 +111,8 @@ def poem_scores(prompts_: list[PoemPrompt], poems: list[str], refs: list[str],
             "rhyme": round(gen.rhyme_rate(poems), 2), "failed": failed}
 
 
-def evaluate_poems(model_dir: Path, raw: Path, split: str) -> dict:
-    asked, refs = prompts(raw, split)
+def evaluate_poems(model_dir: Path, raw: Path, split: str, limit: int = 0) -> dict:
+    asked, refs = prompts(raw, split, limit)
     translator = Translator.load(model_dir)
     result = {"sentences": len(asked), "reference": poem_scores(asked, refs, refs, 0)}
     sources = [" ".join([FORMS[p.form], *p.keywords]) for p in asked]
@@ -162,6 +162,8 @@ def main() -> None:
     add_study_arguments(ap, ROOT / "runs" / "apps", "every application's")
     ap.set_defaults(budget=1800.0)
     ap.add_argument("--apps", default=",".join(APPS), help=f"of {','.join(APPS)}")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="score only the first N lines of each test set (0 = all)")
     args = ap.parse_args()
     if not (SHARED / "poetry-couplets").is_dir():
         print(f"skipped: {SHARED} has no poetry-couplets (set XINDA_SHARED_DATA)")
@@ -173,7 +175,7 @@ def main() -> None:
         work = args.workdir / app
         stats = train(app, work, args)
         evaluate = evaluate_couplets if app == "couplet" else evaluate_poems
-        tests = {split: evaluate(work / "model", work / "raw", split)
+        tests = {split: evaluate(work / "model", work / "raw", split, args.limit)
                  for split in APPS[app]["tests"]}
         results[app] = {"train": stats, "tests": tests}
         print(json.dumps(results[app]), flush=True)
