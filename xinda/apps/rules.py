@@ -129,22 +129,16 @@ class CharacterRule(Constraint):
         if choices is not None:
             if self.fill is not None and FILL in choices and not open_:
                 row[self.fill] = True
-            for ch in choices:
-                if open_ and ch in t.bare:
-                    row[t.bare[ch]] = True
-                elif not open_ and ch in t.one:
-                    row[t.one[ch]] = True
-                elif not open_ and ch in t.bare:
-                    row[t.start] = True
+            # after "▁": the bare piece; at a boundary: "▁X", else "▁" to open a two-piece one
+            first = [t.bare.get(ch) if open_ else t.one.get(ch, t.start if ch in t.bare else None)
+                     for ch in choices]
+            row[[i for i in first if i is not None]] = True
             return
         row[self.han_bare if open_ else self.han_one] = True
         if not open_ and self.han_bare:
             row[t.start] = True
-        for ch in excluded:
-            if open_ and ch in t.bare:
-                row[t.bare[ch]] = False
-            elif not open_ and ch in t.one:
-                row[t.one[ch]] = False
+        pieces = t.bare if open_ else t.one  # "▁" stays: other characters start with it
+        row[[pieces[ch] for ch in excluded if ch in pieces]] = False
 
 
 class CoupletRules(CharacterRule):
