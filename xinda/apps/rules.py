@@ -155,8 +155,8 @@ class CoupletRules(CharacterRule):
         self.ups = list(ups)
         self.patterns = [repetition_pattern(up) for up in self.ups]
         self.no_copy, self.tone = no_copy, tone
-        writable = [ch for ch in (*table.one, *table.bare) if is_han(ch)]
-        self.level = {ch for ch in writable if level_oblique(ch) == "平"}
+        writable = [ch for ch in (*table.one, *table.bare) if is_han(ch)] if tone else []
+        self.level = {ch for ch in writable if level_oblique(ch) == "平"}  # for ``tone`` only
 
     def chars(self, sentence: int) -> int:
         return len(self.ups[sentence])
@@ -190,7 +190,7 @@ class PoemRules(CharacterRule):
         self.layouts, self.lengths, self.forms = list(layouts), list(lengths), list(forms)
         self.heads, self.rhyme = list(heads), rhyme
         self.groups: dict[str | None, set[str]] = {}
-        for ch in (*table.one, *table.bare):
+        for ch in (*table.one, *table.bare) if rhyme else ():  # for ``rhyme`` only
             if is_han(ch):
                 self.groups.setdefault(rhyme_group(ch), set()).add(ch)
 

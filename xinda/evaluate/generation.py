@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import NamedTuple
 
 from pypinyin import Style, pinyin
@@ -79,6 +80,7 @@ def is_punctuation(ch: str) -> bool:
     return unicodedata.category(ch).startswith("P")
 
 
+@cache
 def _reading(ch: str) -> str | None:
     """pypinyin's default reading of ``ch`` alone with a tone number 1-5 (5 = neutral), e.g.
     "jiang1"; None for a non-Han character."""
