@@ -212,13 +212,18 @@ def _plot_attention(results, folder: Path) -> None:
 
 @command
 def evaluate(
-    hypotheses: Path, references: Path,
+    hypotheses: Path,
+    references: Annotated[list[Path], typer.Argument(help="one or more reference files")],
     source: Annotated[Path | None, typer.Option(help="source file, for --by-length")] = None,
     by_length: Annotated[bool, typer.Option(help="BLEU per source-length bucket")] = False,
-    tokenize: Annotated[str | None, typer.Option(help="sacrebleu tokenizer, e.g. zh")] = None,
-    metrics: Annotated[str, typer.Option(help="comma-separated: bleu,chrf,ter")] = "bleu,chrf,ter",
+    tokenize: Annotated[str | None, typer.Option(
+        help="sacrebleu tokenizer, e.g. zh (ROUGE: zh/char = characters, else English "
+             "words, stemmed)")] = None,
+    metrics: Annotated[str, typer.Option(
+        help="comma-separated: bleu,chrf,chrf++,ter,rouge")] = "bleu,chrf,ter",
 ) -> None:
-    """Score HYPOTHESES against REFERENCES with sacrebleu (BLEU, chrF, TER + signatures)."""
+    """Score HYPOTHESES against REFERENCES (sacrebleu BLEU, chrF, TER; ROUGE-1/2/L with
+    rouge-score), each score with its signature."""
     from xinda.evaluate.metrics import (
         bleu_by_length,
         corpus_scores,
@@ -227,7 +232,8 @@ def evaluate(
     )
     from xinda.utils import read_lines
 
-    hyps, refs = read_hyps_refs(hypotheses, references)
+    streams = [read_hyps_refs(hypotheses, path) for path in references]
+    hyps, refs = streams[0][0], [stream for _, stream in streams]
     for score in corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize):
         print(score)
     if by_length:

@@ -44,6 +44,7 @@ class DataConfig(Strict):
     character_coverage: float = Field(1.0, gt=0, le=1)
     spm_model: str | None = None  # reuse an existing (joint) sentencepiece model instead
     max_len: int = Field(250, ge=1)  # drop training pairs with more subword tokens on a side
+    long_pairs: Literal["drop", "truncate"] = "drop"  # or cut a side over max_len to max_len
     max_len_ratio: float = Field(3.0, gt=1)  # drop pairs whose length ratio exceeds this
     dedup: bool = True  # drop exact duplicate training pairs
     seed: int = 1

@@ -161,6 +161,33 @@ def test_filter_report_counts(tmp_path, capsys):
             "duplicate 1, control characters 0") in capsys.readouterr().out
 
 
+def test_long_pairs_truncated_not_dropped(tmp_path, capsys):
+    """With long_pairs: truncate, the long pair is kept with its long side cut to max_len
+    pieces (the first pieces of the full encoding), and the cut is counted per side."""
+    pairs = make_pairs(200, seed=5)
+    long_en = " ".join(["the big red cat"] * 12) + "."
+    valid = [("Dog.", "Hund."), (long_en, "Katze.")]
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", [*pairs, (long_en, "Katze.")]),
+                 valid=write_corpus(tmp_path / "valid", valid), max_len=40,
+                 max_len_ratio=100.0, long_pairs="truncate")
+    manifest = prepare(cfg)
+    report = manifest["filter_report"]
+    assert report["kept"] == 201 and report["dropped"]["too_long"] == 0
+    assert report["truncated"] == {"src": 1, "tgt": 0}
+    assert manifest["splits"]["valid"]["truncated"] == {"src": 1, "tgt": 0}
+    vocabs = load_vocabularies(cfg.out_dir)
+    full = vocabs.src.sp.encode(vocabs.src_text.preprocess(long_en), out_type=int)
+    src, _ = load_split(cfg.out_dir, "valid")
+    assert len(full) > 40 and list(src[1]) == full[:40] and src.lengths[0] < 40
+    assert "cut to data.max_len: 1 sources, 0 targets" in capsys.readouterr().out
+
+
+def test_truncate_arrays_hand_computed():
+    arrays = TokenArrays.from_sequences([[1, 2, 3, 4], [], [5], [6, 7, 8]])
+    cut, n = arrays.truncate(2)
+    assert [list(x) for x in cut] == [[1, 2], [], [5], [6, 7]] and n == 2
+
+
 def test_dedup_off_keeps_duplicates(tmp_path):
     pairs = make_pairs(100, seed=6)
     cfg = config(tmp_path, train=write_corpus(tmp_path / "train", pairs + pairs[:5]), dedup=False)

@@ -137,3 +137,18 @@ def test_translate_invalid_utf8_on_stdin_names_the_line(trained, xinda_popen):
     assert proc.returncode != 0
     last = stderr.decode().strip().splitlines()[-1]
     assert last.startswith("xinda: error: <stdin>:2: invalid UTF-8"), last
+
+
+def test_evaluate_rouge_against_several_reference_files(tmp_path, xinda, one_line_error):
+    """Each extra REFERENCES file is one more reference stream; ROUGE scores print with their
+    signature, and a short reference file is named in a one-line error."""
+    (tmp_path / "hyp.txt").write_text("the cats sat\nhello\n")
+    (tmp_path / "r1.txt").write_text("the cat sat\nhello world\n")
+    (tmp_path / "r2.txt").write_text("a cat\n")
+    lines = xinda("evaluate", tmp_path / "hyp.txt", tmp_path / "r1.txt",
+                  "--metrics", "rouge").stdout.splitlines()
+    assert [line.split(" = ")[0] for line in lines] == ["ROUGE-1", "ROUGE-2", "ROUGE-L"]
+    assert lines[0].startswith("ROUGE-1 = 83.33 (nrefs:1|")  # (1 + 2/3) / 2
+    proc = xinda("evaluate", tmp_path / "hyp.txt", tmp_path / "r1.txt", tmp_path / "r2.txt",
+                 "--metrics", "rouge", ok=False)
+    one_line_error(proc, "hyp.txt has 2 lines but", "r2.txt has 1")

@@ -101,3 +101,24 @@ def test_read_hyps_refs(tmp_path) -> None:
     assert "\n" not in str(err.value)
     ref.write_text("a\nc\n", encoding="utf-8")
     assert read_hyps_refs(hyp, ref) == (["a", "b"], ["a", "c"])
+
+
+def test_rouge_hand_computed_with_stemming_and_two_references() -> None:
+    """ROUGE-1 F1, mean over sentences of the mean over references: 'cats' stems to 'cat'.
+    Sentence 1: 5/6 vs ref 1, F(1/6, 1/2) = 1/4 vs ref 2; sentence 2: F(1, 1/2) = 2/3 and 0."""
+    hyps = ["the cats sat on the mat", "hello"]
+    refs = [["the cat sat on a mat", "hello world"], ["a cat", "bye"]]
+    r1, r2, rl = corpus_scores(hyps, refs, metrics=("rouge",))
+    assert (r1.name, r2.name, rl.name) == ("ROUGE-1", "ROUGE-2", "ROUGE-L")
+    assert r1.score == pytest.approx(100 * ((5 / 6 + 1 / 4) / 2 + (2 / 3 + 0) / 2) / 2)
+    assert "nrefs:2" in r1.signature and "tok:words+stem" in r1.signature
+
+
+def test_rouge_chinese_counts_characters() -> None:
+    """Without 'zh' rouge-score's tokenizer drops every Han character (score 0); with it, 5 of
+    6 reference characters match in order: F1 = 2 * 1 * 5/6 / (1 + 5/6)."""
+    hyp, ref = ["春眠不觉晓"], ["春眠不觉晓处"]
+    assert corpus_scores(hyp, ref, metrics=("rouge",))[0].score == 0
+    r1, _, rl = corpus_scores(hyp, ref, metrics=("rouge",), tokenize="zh")
+    assert r1.score == pytest.approx(100 * 10 / 11) and rl.score == r1.score
+    assert "tok:char" in r1.signature

@@ -68,6 +68,17 @@ class TokenArrays:
         np.cumsum(self.lengths[keep], out=offsets[1:])
         return TokenArrays(ids, offsets)
 
+    def truncate(self, limit: int) -> tuple[TokenArrays, int]:
+        """Every sentence cut to its first ``limit`` ids, and how many were cut."""
+        lengths = self.lengths
+        kept = np.minimum(lengths, limit)
+        starts = self.offsets[:-1]
+        within = np.arange(int(kept.sum())) - np.repeat(np.cumsum(kept) - kept, kept)
+        ids = self.ids[np.repeat(starts, kept) + within]
+        offsets = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(kept, out=offsets[1:])
+        return TokenArrays(ids, offsets), int((lengths > limit).sum())
+
     def save(self, directory: Path, stem: str) -> None:
         _save_npy(directory / f"{stem}.ids.npy", self.ids.astype(np.int32, copy=False))
         _save_npy(directory / f"{stem}.offsets.npy", self.offsets.astype(np.int64, copy=False))

@@ -10,6 +10,9 @@ Output directory layout (``cfg.out_dir``)::
 
 ``side`` is ``src`` or ``tgt``; ``split`` is ``train``, ``valid`` or a test-set name.
 Only ``train`` is filtered; valid and test sets keep every line (even empty ones).
+With ``data.long_pairs: truncate`` a side longer than ``data.max_len`` pieces is cut to that
+length instead (in every split's arrays; the raw ``.txt`` keep the whole line), and the number
+cut per side is logged and stored (``truncated`` in the filter report and the split's stats).
 
 Control characters (Unicode category Cc other than tab, which is whitespace and collapsed like
 a space: NUL, escape, carriage return inside a line, ...) never reach sentencepiece or the
@@ -199,9 +202,14 @@ def _dropped_counts(report: dict) -> str:
             f"duplicate {d['duplicate']}, control characters {d['control_chars']}")
 
 
+def _truncated_note(counts: dict | None) -> str:
+    return (f"; cut to data.max_len: {counts['src']} sources, {counts['tgt']} targets"
+            if counts else "")
+
+
 def format_report(split: str, report: dict) -> str:
     return (f"{split}: read {report['read']} pairs, kept {report['kept']}; dropped: "
-            f"{_dropped_counts(report)}")
+            f"{_dropped_counts(report)}{_truncated_note(report.get('truncated'))}")
 
 
 def _check_not_all_filtered(prefix: str, report: dict) -> None:
@@ -289,17 +297,25 @@ def _binarise_split(split: str, raw: Pair, text: Pair, vocabs: dict[str, Vocab],
                     control: np.ndarray | None = None) -> tuple[dict, dict | None]:
     """Encode, filter (train only) and write one split; return its stats and filter report."""
     src, tgt = (encode_lines(vocabs[side].sp, lines) for side, lines in zip(SIDES, text))
+    truncated = None
+    if cfg.long_pairs == "truncate":
+        (src, n_src), (tgt, n_tgt) = src.truncate(cfg.max_len), tgt.truncate(cfg.max_len)
+        truncated = {"src": n_src, "tgt": n_tgt}
     report = None
     if split == "train":
         keep, report = filter_train(raw, src, tgt, cfg, control)
         _check_not_all_filtered(cfg.train, report)
         src, tgt = src.select(keep), tgt.select(keep)
+        if truncated:
+            report["truncated"] = truncated
     else:
         for side, lines in zip(SIDES, raw):
             atomic_write_text(out_dir / f"{split}.{side}.txt", "".join(f"{x}\n" for x in lines))
     src.save(out_dir, f"{split}.src")
     tgt.save(out_dir, f"{split}.tgt")
     stats = {"pairs": len(src), "src_tokens": int(src.ids.size), "tgt_tokens": int(tgt.ids.size)}
+    if truncated:
+        stats["truncated"] = truncated
     return stats, report
 
 
@@ -332,7 +348,7 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
         else:
             splits[split]["control_chars_cleaned"] = cleaned[split]
             note = (f"; {cleaned[split]} lines with control characters cleaned"
-                    if cleaned[split] else "")
+                    if cleaned[split] else "") + _truncated_note(splits[split].get("truncated"))
             log(f"{split}: {splits[split]['pairs']} pairs (not filtered{note})")
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -1,4 +1,5 @@
-"""Corpus-level MT metrics (sacreBLEU's BLEU, chrF, TER) and BLEU broken down by source length.
+"""Corpus-level metrics (sacreBLEU's BLEU, chrF, TER; ROUGE with rouge-score) and BLEU broken
+down by source length.
 
 References are either one stream (``list[str]``, one line per hypothesis) or several streams
 (``list[list[str]]``, each stream one line per hypothesis), as in sacreBLEU.
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Literal
 
+from rouge_score import rouge_scorer, tokenizers
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
@@ -20,7 +23,8 @@ from xinda.utils import read_lines
 Refs = Sequence[str] | Sequence[Sequence[str]]
 LengthUnit = Literal["auto", "words", "chars"]
 
-METRICS = ("bleu", "chrf", "chrf++", "ter")
+METRICS = ("bleu", "chrf", "chrf++", "ter", "rouge")
+ROUGE_TYPES = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 
 
 @dataclass
@@ -84,18 +88,57 @@ def corpus_scores(
 ) -> list[Score]:
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
-    ``tokenize`` is passed to BLEU only ("13a", "intl", "zh", ...); None = sacreBLEU's default.
+    ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None = sacreBLEU's default) and
+    to ROUGE ("zh" or "char": characters; else rouge-score's English words). "rouge" gives
+    three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
     """
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
     hyps = list(hyps)
+    unknown = [name for name in metrics if name.lower() not in METRICS]
+    if unknown:
+        raise XindaError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
     scores = []
     for name in metrics:
+        if name.lower() == "rouge":
+            scores += rouge_scores(hyps, streams, tokenize)
+            continue
         metric = _make_metric(name, tokenize)
         result = metric.corpus_score(hyps, streams)
         signature = metric.get_signature().format()
         scores.append(Score(name=result.name, score=float(result.score), signature=signature))
     return scores
+
+
+# --- ROUGE ---------------------------------------------------------------------------------------
+
+
+class _Characters:
+    """rouge-score tokenizer for Chinese: every non-space character is a token."""
+
+    def tokenize(self, text: str) -> list[str]:
+        return [ch for ch in text if not ch.isspace()]
+
+
+def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -> list[Score]:
+    """ROUGE-1/2/L F1 x 100 (Lin 2004), the mean over sentences; with several reference
+    streams, each sentence's F1 is its mean over the references. Words: rouge-score's default
+    tokenizer (lowercased runs of [a-z0-9]) with Porter stemming; "zh"/"char": characters."""
+    streams = _ref_streams(refs)
+    _check_lengths(hyps, streams)
+    chars = tokenize in ("zh", "char")
+    words = tokenizers.DefaultTokenizer(use_stemmer=True)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=_Characters() if chars else words)
+    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
+    for i, hyp in enumerate(hyps):
+        for stream in streams:
+            for key, score in scorer.score(stream[i], hyp).items():
+                totals[key] += score.fmeasure
+    tok = "char" if chars else "words+stem"
+    signature = (f"nrefs:{len(streams)}|refs:mean|tok:{tok}|f1:mean-over-sentences|"
+                 f"rouge-score:{version('rouge-score')}")
+    n = len(hyps) * len(streams)
+    return [Score(name, 100 * totals[key] / n, signature) for key, name in ROUGE_TYPES.items()]
 
 
 # --- BLEU by source length ---------------------------------------------------------------------
