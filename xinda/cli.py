@@ -163,8 +163,10 @@ def translate(
         _plot_attention(results, attention_plot)
     n_best = dec.samples if dec.sampling else dec.nbest
     _write_output(output, _output_lines(results, n_best, scores))
+    cut = sum(nbest[0].truncated_from is not None for nbest in results)
+    note = f"; {cut} inputs cut to decode.max_input_len={dec.max_input_len} tokens" if cut else ""
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "
-          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s)", file=sys.stderr)
+          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s){note}", file=sys.stderr)
 
 
 def _sampling_options(on: bool, temperature: float | None, top_k: int | None,

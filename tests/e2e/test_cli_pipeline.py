@@ -93,6 +93,7 @@ def test_translate_keeps_line_count_empty_lines_and_truncates(inputs, translated
     assert out[3] == ""
     assert sum(map(bool, out)) >= len(out) // 2, f"mostly empty translations: {out}"
     assert "truncated to 40" in proc.stderr  # decode.max_input_len of the model's config
+    assert "inputs cut to decode.max_input_len=40 tokens" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"translated {len(src)} sentences" in proc.stderr
 

@@ -67,3 +67,13 @@ def test_n_lines_in_n_lines_out(translator, lines, beam):
 def test_nothing_in_nothing_out(translator):
     assert translator.translate_text([]) == []
     assert translator.translate_text(["", " ", "\t\n"]) == ["", "", ""]
+
+
+@settings(deadline=timedelta(seconds=5))
+@given(lines=st.lists(LINE, min_size=1, max_size=5))
+def test_a_cut_source_is_reported_with_its_length(translator, lines):
+    """truncated_from is the source's token count exactly when it exceeds max_input_len (12),
+    on every hypothesis of the line; otherwise None."""
+    for line, nbest in zip(lines, translator.translate(lines, beam=2, nbest=2)):
+        n = len(translator.source_ids(line, pieces_in=False))
+        assert {t.truncated_from for t in nbest} == {n if n > 12 else None}

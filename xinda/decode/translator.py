@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -50,6 +50,7 @@ class Translation:
     target_pieces: list[str]
     attention: torch.Tensor | None = None  # (len(target)+1, len(source)+1) incl. EOS
     error: str | None = None  # why there is no output (then text is ""), e.g. UNSATISFIABLE
+    truncated_from: int | None = None  # the source's token count when it was cut to fit
 
 
 def _load_model(model_dir: Path, vocabs: Vocabularies,
@@ -84,17 +85,22 @@ class Translator:
         model = models[0] if len(models) == 1 else Ensemble(models)
         return cls(model.to(device), cfg, vocabs[0])
 
-    def encode_source(self, line: str, pieces_in: bool) -> list[int] | None:
-        """One input line -> source ids + EOS, truncated to ``max_input_len``; None for a line
-        with nothing left to translate after cleaning (blank, or control characters only)."""
+    def source_ids(self, line: str, pieces_in: bool) -> list[int]:
+        """One input line -> its source ids (no EOS, not truncated)."""
         if pieces_in:
-            ids = self.src_vocab.pieces_to_ids(line.split())
-        else:
-            text = self.src_text.preprocess(line)
-            ids = self.src_vocab.encode(text) if text else []
+            return self.src_vocab.pieces_to_ids(line.split())
+        text = self.src_text.preprocess(line)
+        return self.src_vocab.encode(text) if text else []
+
+    def encode_source(self, line: str, pieces_in: bool,
+                      limit: int | None = None) -> list[int] | None:
+        """One input line -> source ids + EOS, truncated to ``limit`` tokens (default
+        ``decode.max_input_len``); None for a line with nothing left to translate after
+        cleaning (blank, or control characters only)."""
+        ids = self.source_ids(line, pieces_in)
         if not ids:
             return None
-        limit = self.cfg.decode.max_input_len
+        limit = limit or self.cfg.decode.max_input_len
         if len(ids) > limit:
             log.warning("input of %d tokens truncated to %d: %.40s...", len(ids), limit, line)
             ids = ids[:limit]
@@ -116,7 +122,8 @@ class Translator:
         """
         dec = self.decode_settings(options)
         sampling = sampler or SamplingConfig.from_decode(dec)
-        sources = [self.encode_source(line, input_format == "pieces") for line in lines]
+        pieces_in = input_format == "pieces"
+        sources = [self.encode_source(line, pieces_in, dec.max_input_len) for line in lines]
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         generator = None if sampling is None else sampling.generator(self.device)
@@ -134,6 +141,10 @@ class Translator:
             if s is None:  # empty line in -> empty line out
                 results[i] = [Translation("", 0.0, [], [])] * (sampling.n if sampling else
                                                                dec.nbest)
+            elif len(s) > dec.max_input_len:  # at the limit (+ EOS): was it cut?
+                full = len(self.source_ids(lines[i], pieces_in))
+                if full > dec.max_input_len:
+                    results[i] = [replace(t, truncated_from=full) for t in results[i]]
         return results
 
     def decode_settings(self, options: dict) -> DecodeConfig:
