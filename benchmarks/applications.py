@@ -1,12 +1,15 @@
-"""The textbook's generation applications, trained and measured: couplets and poems.
+"""The textbook's applications of the encoder-decoder, trained and measured: couplets, poems,
+classical <-> modern Chinese, e-mail subject lines (summarisation) and medical QA.
 
-    python benchmarks/applications.py [--apps couplet,poetry] [--budget 1800] [--workdir DIR]
+    python benchmarks/applications.py [--apps couplet,poetry,...] [--budget S] [--workdir DIR]
 
-For each application: write its corpus from ../shared/data (``python -m xinda.apps``), prepare
-and train ``recipes/{app}.yaml`` for ``--budget`` seconds (a finished run in the work folder is
-reused), then decode its test sets twice, with plain beam search and with the application's
-rules as decoding constraints (``xinda.apps.generate``), and score both
-(``xinda.evaluate.generation``, character BLEU with its sacreBLEU signature). Writes
+For each application: prepare and train ``recipes/{app}.yaml`` for its own ``train.max_seconds``
+(or ``--budget`` seconds; a finished run in the work folder is reused), then decode and score
+its test sets. Couplets and poems first get their corpus written from ../shared/data
+(``python -m xinda.apps``) and are decoded twice, with plain beam search and with the
+application's rules as decoding constraints (``xinda.apps.generate``), scored by
+``xinda.evaluate.generation`` (character BLEU with its sacreBLEU signature). The other apps
+read ../shared/data as it is and are scored by ``text_apps.py``. Writes
 ``docs/results/applications.{json,md}``. Not a test: it takes the budgets plus minutes.
 """
 
@@ -21,6 +24,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi30k import ROOT, SHARED, add_study_arguments, markdown_table, timed, write_run_config
+from text_apps import TEXT_APPS
+from text_apps import evaluate as evaluate_text
 
 from xinda.apps.generate import PoemPrompt, write_couplets, write_poems
 from xinda.apps.poetry import FORMS
@@ -32,26 +37,37 @@ from xinda.evaluate.metrics import corpus_scores
 from xinda.utils import read_lines
 
 APPS = {"couplet": {"tests": ("test", "wb14123"), "src": "up", "tgt": "down"},
-        "poetry": {"tests": ("test",), "src": "kw", "tgt": "poem"}}
+        "poetry": {"tests": ("test",), "src": "kw", "tgt": "poem"},
+        **{app: {"tests": ("test",)} for app in TEXT_APPS}}
+RECIPE_DATA = "../shared/data/"  # how the text apps' recipes name the shared data folder
+
+
+def data_path(app: str, workdir: Path, path: str) -> str:
+    """Where a recipe's corpus prefix lies for this run: the written corpus under ``workdir``
+    (couplets, poems) or the shared data folder (``$XINDA_SHARED_DATA``)."""
+    if app in TEXT_APPS:
+        return str(SHARED / path.removeprefix(RECIPE_DATA))
+    return str(workdir / "raw" / Path(path).name)
 
 
 def run_config(app: str, workdir: Path, args) -> dict:
-    """recipes/{app}.yaml with its paths under ``workdir`` and this run's budget."""
+    """recipes/{app}.yaml with its paths under ``workdir`` (``--budget``: this budget)."""
     cfg = yaml.safe_load((ROOT / "recipes" / f"{app}.yaml").read_text(encoding="utf-8"))
     data = cfg["data"]
     for key in ("train", "valid"):
-        data[key] = str(workdir / "raw" / Path(data[key]).name)
-    data["test"] = {name: str(workdir / "raw" / name) for name in data["test"]}
+        data[key] = data_path(app, workdir, data[key])
+    data["test"] = {name: data_path(app, workdir, path) for name, path in data["test"].items()}
     data["out_dir"] = str(workdir / "data-bin")
-    cfg["train"].update(out_dir=str(workdir / "model"), max_seconds=args.budget,
-                        threads=args.threads, progress=False)
+    cfg["train"].update(out_dir=str(workdir / "model"), threads=args.threads, progress=False)
+    if args.budget:
+        cfg["train"]["max_seconds"] = args.budget
     return apply_overrides(cfg, args.overrides)
 
 
 def train(app: str, workdir: Path, args) -> dict:
     """Corpus, prepare, train (each skipped when its output exists); the training stats."""
     xinda = [sys.executable, "-m", "xinda.cli"]
-    if not (workdir / "raw" / "train.kw").exists() and not (workdir / "raw" / "train.up").exists():
+    if app not in TEXT_APPS and not (workdir / "raw" / f"train.{APPS[app]['src']}").exists():
         timed([sys.executable, "-m", "xinda.apps", app, str(SHARED), str(workdir / "raw")],
               workdir / "corpus.log")
     cfg = run_config(app, workdir, args)
@@ -134,12 +150,12 @@ def evaluate_poems(model_dir: Path, raw: Path, split: str, limit: int = 0) -> di
     return result
 
 
-def markdown(results: dict, budget: float) -> str:
-    title = (f"### Applications, {budget:g} s of training each (transformer-small, 2 threads), "
-             "test sets decoded with beam 5; BLEU on characters (sacreBLEU signature in "
-             "applications.json)")
+def markdown(results: dict) -> str:
+    title = ("### Couplets and poems (transformer-small, 2 threads), test sets decoded with beam "
+             "5; BLEU on characters (sacreBLEU signature in applications.json)")
     lines = [title, ""]
-    header = ["app", "test set", "decoding", "updates", "BLEU (char)", "length", "pattern",
+    header = ["app", "test set", "decoding", "updates", "train s", "BLEU (char)", "length",
+              "pattern",
               "tone rule", "rhyme", "layout", "distinct-1/2", "no output"]
     rows = []
     for app, res in results.items():
@@ -149,7 +165,8 @@ def markdown(results: dict, budget: float) -> str:
                     continue  # a count
                 prompts_ = by_mode["acrostic_prompts"] if mode == "acrostic" else None
                 rows.append([app, f"{split} ({prompts_ or by_mode['sentences']})", mode,
-                             res["train"]["steps"], m["bleu_char"],
+                             res["train"]["steps"], round(res["train"]["train_seconds"]),
+                             m["bleu_char"],
                              *(f"{m[k]:.1f} %" if k in m else "–"
                                for k in ("length_match", "pattern_match", "tone_rule",
                                          "rhyme", "layout_ok")),
@@ -157,10 +174,73 @@ def markdown(results: dict, budget: float) -> str:
     return "\n".join(lines + markdown_table(header, rows))
 
 
+def text_rows(app: str, res: dict) -> list[list[object]]:
+    """Table rows of one text app: its scores with the reference they are measured against."""
+    def fmt(scores: dict) -> str:
+        return " / ".join(f"{v['score']:.2f}" for v in scores.values())
+    head = [app, res["train"]["steps"], round(res["train"]["train_seconds"])]
+    rows = []
+    for split, m in res["tests"].items():
+        cut = f"{m['inputs_cut']} / {m['sentences']}"
+        if "bleu" in m:
+            rows.append([*head, split, "beam", "BLEU (zh) / chrF",
+                         f"{m['bleu']['score']:.2f} / {m['chrf']['score']:.2f}",
+                         f"out/ref {m['chars_out_per_ref']}, ref/src {m['chars_ref_per_src']}",
+                         cut])
+        for ref in ("original", "annotators"):
+            if ref in m:
+                rows.append([*head, split, "beam", f"ROUGE-1/2/L vs {ref}", fmt(m[ref]),
+                             f"{m['words_out']} words (ref {m['words_ref']})", cut])
+        for mode in ("beam", "beam+no-repeat-3"):
+            if mode in m:
+                for ref, scores in m[mode].items():
+                    if isinstance(scores, dict):
+                        rows.append([*head, split, mode, f"ROUGE-L / BLEU vs {ref}",
+                                     fmt(scores), (f"{m[mode]['words_out']} words "
+                                     f"(ref {m['words_ref']})"), cut])
+    return rows
+
+
+def text_markdown(results: dict) -> str:
+    header = ["app", "updates", "train s", "test set", "decoding", "metric", "score",
+              "length", "inputs cut"]
+    rows = [row for app, res in results.items() if app in TEXT_APPS
+            for row in text_rows(app, res)]
+    title = ("### Classical <-> modern Chinese, summarisation, QA (transformer-small, 2 threads; "
+             "signatures in applications.json)")
+    return "\n".join([title, "", *markdown_table(header, rows)])
+
+
+def examples_markdown(results: dict) -> str:
+    """Five outputs per text app next to their sources and references."""
+    lines = ["### Examples (beam 5; QA with no repeated 3-grams)", ""]
+    for app, res in results.items():
+        for split, m in res["tests"].items():
+            if "examples" not in m:
+                continue
+            lines += [f"#### {app} ({split})", ""]
+            for ex in m["examples"]:
+                lines += [f"- source: {ex['source'][:300]}", f"  - output: {ex['output']}",
+                          f"  - reference: {ex['reference'][:300]}"]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def evaluate(app: str, work: Path, args) -> dict:
+    """Every test set of ``app`` decoded and scored."""
+    if app in TEXT_APPS:
+        tests = run_config(app, work, args)["data"]["test"]
+        return {split: evaluate_text(app, work, Path(prefix), args.limit)
+                for split, prefix in tests.items()}
+    score = evaluate_couplets if app == "couplet" else evaluate_poems
+    return {split: score(work / "model", work / "raw", split, args.limit)
+            for split in APPS[app]["tests"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_study_arguments(ap, ROOT / "runs" / "apps", "every application's")
-    ap.set_defaults(budget=1800.0)
+    ap.set_defaults(budget=0.0)
     ap.add_argument("--apps", default=",".join(APPS), help=f"of {','.join(APPS)}")
     ap.add_argument("--limit", type=int, default=0,
                     help="score only the first N lines of each test set (0 = all)")
@@ -174,15 +254,13 @@ def main() -> None:
     for app in args.apps.split(","):
         work = args.workdir / app
         stats = train(app, work, args)
-        evaluate = evaluate_couplets if app == "couplet" else evaluate_poems
-        tests = {split: evaluate(work / "model", work / "raw", split, args.limit)
-                 for split in APPS[app]["tests"]}
-        results[app] = {"train": stats, "tests": tests}
-        print(json.dumps(results[app]), flush=True)
-    saved.write_text(json.dumps(results, indent=1, ensure_ascii=False))
-    table = markdown(results, args.budget)
-    (out / "applications.md").write_text(table + "\n", encoding="utf-8")
-    print(table)
+        results[app] = {"train": stats, "tests": evaluate(app, work, args)}
+        print(json.dumps(results[app], ensure_ascii=False), flush=True)
+        saved.write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    tables = [markdown({a: r for a, r in results.items() if a not in TEXT_APPS}),
+              text_markdown(results), examples_markdown(results)]
+    (out / "applications.md").write_text("\n\n".join(tables) + "\n", encoding="utf-8")
+    print(tables[0] + "\n\n" + tables[1])
 
 
 if __name__ == "__main__":
