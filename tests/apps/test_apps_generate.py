@@ -202,3 +202,37 @@ def test_a_mark_in_a_poem_is_written_in_two_pieces():
     assert allowed_after(rule, [10]) == {5}
     assert allowed_after(rule, [10, 5]) == {22}
     assert allowed_after(rule, [10, 5, 22]) == {3}
+
+
+def test_the_tone_rule_takes_written_characters_off_the_level_ones():
+    import torch
+
+    from xinda.apps.rules import CoupletRules
+
+    rule = CoupletRules(["春月"], two_piece_table(), fill=1, tone=True)  # 月 oblique: level last
+    assert rule.level == {"春", "风"}
+    assert allowed_after(rule, []) == {10, 5}
+    assert allowed_after(rule, [5, 20]) == {10}  # 风 taken: no level two-piece one left
+    assert allowed_after(rule, [10]) == {5}  # 春 taken: "▁" + 风
+    assert allowed_after(rule, [10, 5]) == {20}
+    cpu = torch.device("cpu")
+    assert rule.masks(rule.level, 30, cpu) is rule.masks(rule.level, 30, cpu)  # built once
+
+
+def test_rows_are_masked_together_as_one_by_one():
+    from torch import tensor, zeros
+
+    from xinda.apps.rules import CoupletRules
+
+    rule = CoupletRules(["春月", "春风春", "月，月"], two_piece_table(), fill=1, no_copy=True,
+                        tone=True)
+    rows = [([5, 20], 0), ([10], 0), ([5, 20], 1), ([10, 5], 1), ([5, 21], 2), ([5, 21], 0),
+            ([10, 10], 1)]
+    for length in {len(tokens) for tokens, _ in rows}:
+        batch = [(tokens, s) for tokens, s in rows if len(tokens) == length]
+        prefix = tensor([[2, *tokens] for tokens, _ in batch])
+        sentence = tensor([s for _, s in batch])
+        together = rule.apply(length, prefix, sentence, zeros(len(batch), 30))
+        for row, (tokens, s) in enumerate(batch):
+            alone = rule.apply(length, tensor([[2, *tokens]]), tensor([s]), zeros(1, 30))
+            assert together[row].tolist() == alone[0].tolist(), (tokens, s)

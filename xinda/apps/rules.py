@@ -12,7 +12,7 @@ has its length in characters.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -84,20 +84,62 @@ class CharacterTable:
         return chars, open_
 
 
+@dataclass(frozen=True)
+class Pool:
+    """Many allowed characters at once: ``chars`` minus the few in ``minus``. A rule keeps
+    each ``chars`` set, so its token masks are built once (``CharacterRule.masks``)."""
+
+    chars: frozenset[str]
+    minus: frozenset[str] = frozenset()
+
+
+Choice = Collection[str] | Pool | None
+
+
+@dataclass
+class _Marks:
+    """One step's mask, collected row by row and then written with a few tensor operations:
+    rows that start from a pool's mask (by ``open_``), then tokens allowed and taken off."""
+
+    on: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))  # rows, ids
+    off: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
+    pools: dict[frozenset[str] | None, tuple[list[int], list[int]]] = field(
+        default_factory=dict)  # pool -> (rows, open_ as 0/1)
+
+    @staticmethod
+    def add(pairs: tuple[list[int], list[int]], row: int, ids: list[int]) -> None:
+        pairs[0].extend([row] * len(ids))
+        pairs[1].extend(ids)
+
+    def mask(self, rule: CharacterRule, logp: Tensor) -> Tensor:
+        """(R, V) bool: the allowed tokens of each row."""
+        allowed = torch.zeros_like(logp, dtype=torch.bool)
+        for chars, (rows, opens) in self.pools.items():
+            masks = rule.masks(chars, logp.size(-1), logp.device)
+            allowed[rows] = masks[torch.tensor(opens, dtype=torch.long, device=logp.device)]
+        allowed[self.on] = True
+        allowed[self.off] = False
+        return allowed
+
+
 class CharacterRule(Constraint):
     """Base of the character-level rules: subclasses say how long each line is (``chars``)
-    and which characters may stand at position i (``choices``: a set, or None for any Han
-    character, minus ``excluded``)."""
+    and which characters may stand at position i (``choices``: a few characters, a ``Pool``,
+    or None for any Han character minus ``excluded``).
+
+    ``apply`` reads each row's characters in Python but builds the mask with a few tensor
+    operations over all rows: many-character choices come from masks built once per set."""
 
     def __init__(self, table: CharacterTable, fill: int | None = None):
         self.table, self.fill = table, fill
-        self.han_one = [i for ch, i in table.one.items() if is_han(ch)]
-        self.han_bare = [i for ch, i in table.bare.items() if is_han(ch)]
+        self.han = frozenset(ch for ch in (*table.one, *table.bare) if is_han(ch))
+        self._masks: dict[tuple[frozenset[str] | None, int, torch.device], Tensor] = {}
+        self._bare_only: dict[frozenset[str], frozenset[str]] = {}
 
     def chars(self, sentence: int) -> int:
         raise NotImplementedError
 
-    def choices(self, sentence: int, written: list[str]) -> Collection[str] | None:
+    def choices(self, sentence: int, written: list[str]) -> Choice:
         """The characters allowed at position ``len(written)``; None: any Han character."""
         return None
 
@@ -112,33 +154,65 @@ class CharacterRule(Constraint):
         return 2 * self.chars(sentence)  # two per character at most
 
     def apply(self, step: int, prefix: Tensor, sentence: Tensor, logp: Tensor) -> Tensor:
-        allowed = torch.zeros_like(logp, dtype=torch.bool)  # (R, V)
+        marks = _Marks()
         for row, (tokens, s) in enumerate(zip(prefix[:, 1:].tolist(), sentence.tolist())):
             written, open_ = self.table.read(tokens, self.fill)
             if not open_ and len(written) >= self.chars(s):
-                allowed[row, self.table.eos] = True
+                marks.add(marks.on, row, [self.table.eos])
                 continue
-            self._allow(allowed[row], self.choices(s, written),
-                        self.excluded(s, written), open_)
-        return allowed
+            choice = self.choices(s, written)
+            if choice is None or isinstance(choice, Pool):
+                key = None if choice is None else choice.chars
+                marks.pools.setdefault(key, ([], []))[0].append(row)
+                marks.pools[key][1].append(int(open_))
+                minus = self.excluded(s, written) if choice is None else choice.minus
+                marks.add(marks.off, row, self._taken(choice, minus, open_))
+            else:
+                marks.add(marks.on, row, self._tokens(choice, open_))
+        return marks.mask(self, logp)
 
-    def _allow(self, row: Tensor, choices: Collection[str] | None, excluded: Collection[str],
-               open_: bool) -> None:
-        """Mark in ``row`` (V,) the tokens that write an allowed character next."""
+    def _tokens(self, choices: Collection[str], open_: bool) -> list[int]:
+        """The tokens that write one of a few ``choices`` next."""
+        t, ids = self.table, []
+        if self.fill is not None and FILL in choices and not open_:
+            ids.append(self.fill)
+        # after "▁": the bare piece; at a boundary: "▁X", else "▁" to open a two-piece one
+        first = [t.bare.get(ch) if open_ else t.one.get(ch, t.start if ch in t.bare else None)
+                 for ch in choices]
+        return ids + [i for i in first if i is not None]
+
+    def _taken(self, pool: Pool | None, minus: Collection[str], open_: bool) -> list[int]:
+        """The tokens to take off a pool's mask (None: any Han character): those of the
+        characters ``minus``, and for a ``Pool`` "▁" when no character it opens is left."""
         t = self.table
-        if choices is not None:
-            if self.fill is not None and FILL in choices and not open_:
-                row[self.fill] = True
-            # after "▁": the bare piece; at a boundary: "▁X", else "▁" to open a two-piece one
-            first = [t.bare.get(ch) if open_ else t.one.get(ch, t.start if ch in t.bare else None)
-                     for ch in choices]
-            row[[i for i in first if i is not None]] = True
-            return
-        row[self.han_bare if open_ else self.han_one] = True
-        if not open_ and self.han_bare:
-            row[t.start] = True
         pieces = t.bare if open_ else t.one  # "▁" stays: other characters start with it
-        row[[pieces[ch] for ch in excluded if ch in pieces]] = False
+        ids = [pieces[ch] for ch in minus if ch in pieces]
+        if pool is not None and not open_ and self.bare_only(pool.chars) <= pool.minus:
+            ids.append(t.start)
+        return ids
+
+    def bare_only(self, chars: frozenset[str]) -> frozenset[str]:
+        """The characters of ``chars`` written in two pieces only ("▁" + bare)."""
+        if chars not in self._bare_only:
+            t = self.table
+            self._bare_only[chars] = frozenset(
+                ch for ch in chars if ch not in t.one and ch in t.bare)
+        return self._bare_only[chars]
+
+    def masks(self, chars: frozenset[str] | None, size: int, device: torch.device) -> Tensor:
+        """(2, size) bool, built once: the tokens that write a character of ``chars`` (None:
+        any Han character) next at a character boundary (row 0) and after "▁" (row 1)."""
+        key = (chars, size, device)
+        if key not in self._masks:
+            t, pool = self.table, self.han if chars is None else chars
+            mask = torch.zeros(2, size, dtype=torch.bool)
+            mask[0, [t.one[ch] for ch in pool if ch in t.one]] = True
+            bare = [t.bare[ch] for ch in pool if ch in t.bare]
+            mask[1, bare] = True
+            # "▁": any Han character, if one has a bare piece; a pool: if one needs it
+            mask[0, t.start] = bool(bare) if chars is None else bool(self.bare_only(chars))
+            self._masks[key] = mask.to(device)
+        return self._masks[key]
 
 
 class CoupletRules(CharacterRule):
@@ -156,12 +230,12 @@ class CoupletRules(CharacterRule):
         self.patterns = [repetition_pattern(up) for up in self.ups]
         self.no_copy, self.tone = no_copy, tone
         writable = [ch for ch in (*table.one, *table.bare) if is_han(ch)] if tone else []
-        self.level = {ch for ch in writable if level_oblique(ch) == "平"}  # for ``tone`` only
+        self.level = frozenset(ch for ch in writable if level_oblique(ch) == "平")  # ``tone``
 
     def chars(self, sentence: int) -> int:
         return len(self.ups[sentence])
 
-    def choices(self, sentence: int, written: list[str]) -> Collection[str] | None:
+    def choices(self, sentence: int, written: list[str]) -> Choice:
         up, i = self.ups[sentence], len(written)
         if is_punctuation(up[i]):
             return {FILL}
@@ -169,7 +243,7 @@ class CoupletRules(CharacterRule):
         if j is not None:
             return {written[j]}
         if self.tone and i == len(up) - 1 and level_oblique(up[i]) == "仄":
-            return self.level - set(written) - ({up[i]} if self.no_copy else set())
+            return Pool(self.level, frozenset(written) | ({up[i]} if self.no_copy else set()))
         return None
 
     def excluded(self, sentence: int, written: list[str]) -> Collection[str]:
@@ -189,15 +263,16 @@ class PoemRules(CharacterRule):
         super().__init__(table)
         self.layouts, self.lengths, self.forms = list(layouts), list(lengths), list(forms)
         self.heads, self.rhyme = list(heads), rhyme
-        self.groups: dict[str | None, set[str]] = {}
+        groups: dict[str | None, set[str]] = {}
         for ch in (*table.one, *table.bare) if rhyme else ():  # for ``rhyme`` only
             if is_han(ch):
-                self.groups.setdefault(rhyme_group(ch), set()).add(ch)
+                groups.setdefault(rhyme_group(ch), set()).add(ch)
+        self.groups = {group: frozenset(chars) for group, chars in groups.items()}
 
     def chars(self, sentence: int) -> int:
         return self.lengths[sentence]
 
-    def choices(self, sentence: int, written: list[str]) -> Collection[str] | None:
+    def choices(self, sentence: int, written: list[str]) -> Choice:
         i, form = len(written), self.forms[sentence]
         line, column = divmod(i, form + 1)
         if i in self.layouts[sentence]:
@@ -206,5 +281,6 @@ class PoemRules(CharacterRule):
             return {self.heads[sentence][line]}
         if self.rhyme and line == 3 and column == form - 1:
             group = rhyme_group(written[2 * form])  # line 2's last character
-            return self.groups.get(group) if group is not None else None
+            chars = self.groups.get(group) if group is not None else None
+            return None if chars is None else Pool(chars)
         return None
