@@ -1,4 +1,5 @@
-"""Command line: ``xinda prepare | train | translate | evaluate | average | grow | models | demo``.
+"""Command line: ``xinda prepare | train | translate | evaluate | average | grow | models | demo
+| couplet | poem | serve``.
 
 Every user-facing failure is a ``XindaError``: printed as one line ``xinda: error: ...`` on
 stderr with exit code 1; nothing already written is lost (all outputs are written atomically).
@@ -18,6 +19,7 @@ import typer
 
 from xinda.config import ExperimentConfig, load_config
 from xinda.errors import XindaError
+from xinda.serve.command import serve as serve_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="xinda (信达): neural machine translation, faithful and fluent.")
@@ -352,6 +354,9 @@ def poem(
     prompt.check("xinda poem")
     _print_outputs(write_poems(Translator.load(model_dir), [prompt], nbest=nbest, rhyme=rhyme),
                    nbest)
+
+
+command(serve_command)  # `xinda serve`: its options and help are in xinda/serve/command.py
 
 
 def main() -> None:

@@ -1,0 +1,208 @@
+"""The REST API through FastAPI's TestClient (no socket): every endpoint of the contract with
+the tiny models of conftest.py, and the refusals of bad requests, each a JSON error with a 4xx
+status, after which the worker still serves."""
+
+from __future__ import annotations
+
+import pytest
+
+NUMBERS = "three thousand seven hundred"
+
+
+def post(client, path: str, **body):
+    return client.post(path, json=body)
+
+
+def assert_error(response, status: int, code: str, *fragments: str) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code, error
+    assert "\n" not in error["message"]
+    for fragment in fragments:
+        assert fragment in error["message"], error
+    return error["message"]
+
+
+def test_health_and_models(client):
+    assert client.get("/health").json() == {"status": "ok",
+                                            "models": ["numbers", "couplet", "poetry"]}
+    models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+    assert models["numbers"] == {"name": "numbers", "task": "translate", "arch": "transformer",
+                                 "src_lang": "words", "tgt_lang": "digits"}
+    assert models["couplet"]["task"] == "couplet" and models["poetry"]["task"] == "poetry"
+
+
+def test_translate_one_text_and_a_list(client):
+    one = post(client, "/v1/translate", model="numbers", text=NUMBERS).json()
+    assert one["model"] == "numbers" and len(one["translations"]) == 1
+    entry = one["translations"][0]
+    assert entry["source"] == NUMBERS and entry["error"] is None
+    assert entry["truncated_from"] is None
+    [best] = entry["nbest"]
+    assert isinstance(best["text"], str) and isinstance(best["score"], float)
+    assert best["source_pieces"] and "attention" not in best
+    many = post(client, "/v1/translate", model="numbers", text=["one", NUMBERS]).json()
+    assert [t["source"] for t in many["translations"]] == ["one", NUMBERS]
+    assert many["translations"][1] == entry  # batched with others or alone: the same
+
+
+@pytest.mark.parametrize("text", ["", " \t", ["one", ""]])
+def test_an_empty_text_is_a_bad_request_naming_it(client, text):
+    response = post(client, "/v1/translate", model="numbers", text=text)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and "empty text" in error["message"]
+    assert error["message"].startswith("text[1]" if isinstance(text, list) else "text[0]")
+
+
+def test_n_best_and_attention_shape(client):
+    entry = post(client, "/v1/translate", model="numbers", text=NUMBERS, beam=3, n_best=3,
+                 alpha=0.5, attention=True).json()["translations"][0]
+    assert len(entry["nbest"]) == 3
+    scores = [h["score"] for h in entry["nbest"]]
+    assert scores == sorted(scores, reverse=True)
+    for hyp in entry["nbest"]:
+        rows = hyp["attention"]
+        assert len(rows) == len(hyp["target_pieces"]) + 1
+        assert {len(row) for row in rows} == {len(hyp["source_pieces"]) + 1}
+        assert all(sum(row) == pytest.approx(1, abs=1e-2) for row in rows)
+
+
+def test_sampling_is_reproducible_with_a_seed(client):
+    body = {"model": "numbers", "text": NUMBERS, "sampling": True, "samples": 3, "seed": 7,
+            "temperature": 1.5, "top_k": 5, "top_p": 0.9}
+    first, second = (client.post("/v1/translate", json=body).json() for _ in range(2))
+    assert len(first["translations"][0]["nbest"]) == 3 and first == second
+
+
+def test_constraints(client):
+    def best(**constraints):
+        response = post(client, "/v1/translate", model="numbers", text=["one", "two"],
+                        constraints=constraints)
+        assert response.status_code == 200, response.text
+        return [t["nbest"][0] for t in response.json()["translations"]]
+    assert all(len(h["target_pieces"]) == 3 for h in best(exact_length=3))
+    assert all(h["text"].startswith("1") for h in best(prefix=["1", "1"], exact_length=4))
+    assert all("e" not in h["target_pieces"] for h in best(ban=["e"], no_repeat_ngram=2,
+                                                           ban_source_copy=True))
+
+
+def test_couplet(client):
+    body = post(client, "/v1/couplet", model="couplet", text=["春风江月，花鸟", "山水"], n_best=2,
+                tone=True, no_copy=True).json()
+    first, second = body["couplets"]
+    assert first["source"] == "春风江月，花鸟" and first["error"] is None
+    assert len(first["nbest"]) == 2
+    assert all(len(h["text"]) == 7 and h["text"][4] == "，" for h in first["nbest"])
+    assert all(len(h["text"]) == 2 for h in second["nbest"])
+
+
+def test_poem_with_keywords_and_acrostic(client):
+    body = post(client, "/v1/poem", model="poetry", keywords="春风 江月", form=5).json()
+    [poem] = body["poems"]
+    assert body["error"] is None and len(poem["lines"]) == 4
+    assert all(len(line) == 5 for line in poem["lines"])
+    body = post(client, "/v1/poem", model="poetry", keywords=["春风"], acrostic="春夏秋",
+                form=7, rhyme=False, n_best=2).json()
+    assert len(body["poems"]) == 2
+    for poem in body["poems"]:
+        assert [line[0] for line in poem["lines"]] == list("春夏秋")
+        assert all(len(line) == 7 for line in poem["lines"])
+
+
+def test_the_only_model_needs_no_name(make_client):
+    with make_client(("numbers",)) as client:
+        assert post(client, "/v1/translate", text="one").json()["model"] == "numbers"
+
+
+BAD_JSON = [
+    (b"{bad", 400, "bad_json"),
+    (b'{"text": "one",}', 400, "bad_json"),
+    (b"\xff\xfe{}", 400, "bad_encoding"),
+    (b'{"text": "caf\xe9"}', 400, "bad_encoding"),
+    (b'{"model": "numbers", "text": "\\ud800"}', 400, "bad_encoding"),
+    (b"", 422, "invalid_request"),
+    (b"[]", 422, "invalid_request"),
+    (b'"text"', 422, "invalid_request"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code"), BAD_JSON)
+def test_malformed_bodies(client, body, status, code):
+    response = client.post("/v1/translate", content=body,
+                           headers={"content-type": "application/json"})
+    assert_error(response, status, code)
+    assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
+
+
+BAD_FIELDS = [
+    ({"text": 5}, "text"),
+    ({"text": ["one", 2]}, "text[1]"),
+    ({"text": "one", "beam": "5"}, "beam"),
+    ({"text": "one", "beam": 0}, "beam"),
+    ({"text": "one", "beam": 1000}, "beam"),
+    ({"text": "one", "n_best": 2.5}, "n_best"),
+    ({"text": "one", "attention": "yes"}, "attention"),
+    ({"text": "one", "top_p": 2}, "top_p"),
+    ({"text": "one", "constraints": {"exact_length": -1}}, "constraints.exact_length"),
+    ({"text": "one", "constraints": {"prefix": "1"}}, "constraints.prefix"),
+    ({"text": "one", "constraints": {"prefix": ["1", "2"]}}, "constraints.prefix"),
+    ({"text": "one", "constraints": {"ban": ["five hundred"]}}, "five hundred"),
+    ({"text": "one", "beems": 2}, "beems"),
+    ({"text": "one", "temperature": 0.5}, "sampling"),
+    ({"text": []}, "text"),
+    ({}, "text"),
+    ({"text": "one", "model": None, "checkpoint": "/etc/passwd"}, "checkpoint"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_FIELDS)
+def test_wrong_types_and_values_name_the_field(make_client, body, field):
+    with make_client(("numbers",)) as client:
+        assert_error(client.post("/v1/translate", json=body), 422, "invalid_request", field)
+        assert post(client, "/v1/translate", text="one").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["nope", "../numbers", "/tmp/numbers", "numbers/config.yaml",
+                                  "x" * 200])
+def test_unknown_models_and_paths(client, name):
+    assert_error(post(client, "/v1/translate", model=name, text="one"), 404, "unknown_model")
+
+
+def test_wrong_task_and_bad_prompts(client):
+    assert_error(post(client, "/v1/couplet", model="numbers", text="春风"), 422, "wrong_task")
+    assert_error(post(client, "/v1/poem", model="couplet", keywords="春风"), 422, "wrong_task")
+    assert_error(post(client, "/v1/couplet", model="couplet", text=["山水", " "]), 422,
+                 "invalid_request", "text[1]")
+    assert_error(post(client, "/v1/poem", model="poetry"), 422, "invalid_request", "keywords")
+    assert_error(post(client, "/v1/poem", model="poetry", keywords="春", form=6), 422,
+                 "invalid_request", "form")
+    assert_error(post(client, "/v1/poem", model="poetry", acrostic="龘"), 422,
+                 "invalid_request", "龘")
+
+
+def test_limits_on_texts_characters_and_body(make_client):
+    with make_client(max_texts=3, max_chars=20, max_body_bytes=1000) as client:
+        assert_error(post(client, "/v1/translate", text=["one"] * 4), 422, "too_many_texts")
+        assert_error(post(client, "/v1/translate", text=["one", "x" * 21]), 422,
+                     "text_too_long", "text[1]")
+        assert_error(post(client, "/v1/translate", text="one", constraints={"prefix": ["1" * 21]}),
+                     422, "text_too_long", "constraints.prefix[0]")
+        assert_error(client.post("/v1/translate", content=b"x" * 10_000_000), 413, "too_large")
+        chunks = (b"x" * 100 for _ in range(100))  # no Content-Length: counted while read
+        assert_error(client.post("/v1/translate", content=chunks), 413, "too_large")
+        assert post(client, "/v1/translate", text="one").status_code == 200
+
+
+def test_not_found_and_method_not_allowed_are_json(client):
+    assert_error(client.get("/v1/nothing"), 404, "not_found")
+    assert_error(client.get("/v1/translate"), 404, "not_found")  # GET: the static files'
+    assert_error(client.post("/health"), 405, "method_not_allowed")
+
+
+def test_web_page_and_docs(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/translate", "/v1/couplet", "/v1/poem", "/v1/models", "/health"} <= set(paths)

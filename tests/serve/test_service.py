@@ -1,0 +1,133 @@
+"""The server's behaviour under load and its guards, through TestClient: batching across
+concurrent requests (and switching it off), the bounded queue (429 with Retry-After), the
+per-request timeout (408), the API key, CORS, and the Prometheus metrics."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from xinda.serve.app import create_app
+from xinda.serve.settings import ServeSettings
+
+LINES = ["one", "two hundred", "three thousand", "forty-two", "seven", "ninety nine"]
+
+
+def metric(client, name: str, **labels: str) -> float:
+    """The value of one sample of /metrics (0 when absent)."""
+    text = client.get("/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    match = re.search(rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def translate_concurrently(client, lines: list[str]) -> list[dict]:
+    with ThreadPoolExecutor(len(lines)) as pool:
+        responses = list(pool.map(lambda line: client.post(
+            "/v1/translate", json={"text": line, "beam": 2}), lines))
+    assert [r.status_code for r in responses] == [200] * len(lines)
+    return [r.json()["translations"][0] for r in responses]
+
+
+def test_concurrent_requests_share_batches_with_the_same_results(make_client):
+    with make_client(max_wait_ms=500) as client:
+        alone = [client.post("/v1/translate", json={"text": line, "beam": 2}).json()
+                 ["translations"][0] for line in LINES]
+        before = metric(client, "xinda_batch_requests_count", model="numbers")
+        together = translate_concurrently(client, LINES)
+        batches = metric(client, "xinda_batch_requests_count", model="numbers") - before
+        assert batches < len(LINES)  # some requests were decoded together
+        assert metric(client, "xinda_batch_requests_sum", model="numbers") == 2 * len(LINES)
+        assert [t["nbest"][0]["text"] for t in together] == [t["nbest"][0]["text"]
+                                                              for t in alone]
+
+
+def test_batching_can_be_switched_off(make_client):
+    with make_client(max_batch_requests=1, max_wait_ms=500) as client:
+        translate_concurrently(client, LINES)
+        assert metric(client, "xinda_batch_requests_count", model="numbers") == len(LINES)
+        assert metric(client, "xinda_batch_requests_sum", model="numbers") == len(LINES)
+
+
+def test_different_options_are_not_mixed(make_client):
+    with make_client(max_wait_ms=300) as client, ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda k: client.post("/v1/translate", json={
+            "text": "three thousand", "beam": 3, "n_best": 1 + k % 2}).json(), range(4)))
+    assert [len(r["translations"][0]["nbest"]) for r in results] == [1, 2, 1, 2]
+
+
+def test_a_full_queue_is_429_and_a_slow_answer_408(make_client):
+    """With the workers stopped, a first request waits in the queue until its timeout; the
+    queue (size 1) is full meanwhile."""
+    with make_client(start=False, queue_size=1, timeout_s=1.0, retry_after_s=3) as client, \
+            ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.post, "/v1/translate", json={"text": "one"})
+        for _ in range(500):  # bounded: until the first job is queued
+            if metric(client, "xinda_queue_depth", model="numbers") == 1:
+                break
+            time.sleep(0.01)
+        full = client.post("/v1/translate", json={"text": "two"})
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        assert full.headers["retry-after"] == "3"
+        late = waiting.result(timeout=30)
+    assert late.status_code == 408 and late.json()["error"]["code"] == "timeout"
+
+
+def test_api_key(make_client):
+    with make_client(api_key="s3cret") as client:
+        assert client.get("/health").status_code == 200  # open: load balancers poll it
+        for headers in ({}, {"X-API-Key": "wrong"}, {"Authorization": "Bearer wrong"}):
+            response = client.post("/v1/translate", json={"text": "one"}, headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "unauthorized"
+        assert client.get("/v1/models").status_code == 401
+        assert client.get("/metrics").status_code == 401
+        for headers in ({"X-API-Key": "s3cret"}, {"Authorization": "Bearer s3cret"}):
+            assert client.post("/v1/translate", json={"text": "one"},
+                               headers=headers).status_code == 200
+
+
+def test_cors_is_off_unless_configured(make_client):
+    origin = {"Origin": "http://example.test"}
+    with make_client() as client:
+        assert "access-control-allow-origin" not in client.get("/health", headers=origin).headers
+    with make_client(cors_origins=("http://example.test",)) as client:
+        headers = client.get("/health", headers=origin).headers
+        assert headers["access-control-allow-origin"] == "http://example.test"
+        other = client.get("/health", headers={"Origin": "http://evil.test"}).headers
+        assert "access-control-allow-origin" not in other
+
+
+def test_metrics(make_client):
+    with make_client() as client:
+        client.post("/v1/translate", json={"text": ["one", "two"]})
+        client.post("/v1/translate", json={"text": 5})
+        client.get("/nothing/here")
+        text = client.get("/metrics")
+        assert text.headers["content-type"].startswith("text/plain")
+        assert metric(client, "xinda_requests_total", endpoint="/v1/translate",
+                      status="200") == 1
+        assert metric(client, "xinda_requests_total", endpoint="/v1/translate",
+                      status="422") == 1
+        assert metric(client, "xinda_requests_total", endpoint="other", status="404") == 1
+        assert metric(client, "xinda_request_seconds_count", endpoint="/v1/translate") == 2
+        assert metric(client, "xinda_queue_depth", model="numbers") == 0
+        assert metric(client, "xinda_batch_sentences_sum", model="numbers") == 2
+        assert metric(client, "xinda_sentences_total", model="numbers") == 2
+        assert metric(client, "xinda_sentences_per_second", model="numbers") > 0
+
+
+def test_apps_have_their_own_metrics(served_models):
+    """Two apps in one process: separate registries, no clash."""
+    apps = [create_app({"numbers": served_models["numbers"]}) for _ in range(2)]
+    assert apps[0].state.service.metrics.registry is not apps[1].state.service.metrics.registry
+
+
+@pytest.mark.parametrize("bad", [{"max_batch_requests": 0}, {"timeout_s": 0},
+                                 {"port": 70000}, {"extra": 1}])
+def test_settings_are_checked(bad):
+    with pytest.raises(ValueError):
+        ServeSettings(**bad)

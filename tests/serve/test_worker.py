@@ -1,0 +1,107 @@
+"""The batching worker on its own, with a recording runner instead of a model: which jobs share
+a batch (same key, within the request and token limits), the split of results, and failures
+that stay with their job and never stop the thread."""
+
+from __future__ import annotations
+
+import pytest
+
+from xinda.errors import XindaError
+from xinda.serve import tasks, worker
+from xinda.serve.metrics import Metrics
+from xinda.serve.models import ServedModel
+from xinda.serve.settings import ServeSettings
+from xinda.serve.worker import Job, Worker
+
+WAIT_S = 10
+
+
+@pytest.fixture
+def batches(monkeypatch) -> list[list[str]]:
+    """The inputs of each call of the "echo" runner (upper-cases; "boom" raises)."""
+    calls: list[list[str]] = []
+
+    def echo(_translator, options: dict, inputs: list[str]) -> list[str]:
+        calls.append(list(inputs))
+        if "boom" in inputs:
+            raise XindaError("boom is not allowed")
+        return [options.get("prefix", "") + text.upper() for text in inputs]
+    monkeypatch.setitem(tasks.RUNNERS, "echo", echo)
+    monkeypatch.setattr(worker, "RUNNERS", tasks.RUNNERS)
+    return calls
+
+
+def make_worker(**settings) -> Worker:
+    model = ServedModel("fake", translator=None, task="translate", arch="none")
+    return Worker(model, ServeSettings(**settings), Metrics(set()))
+
+
+def job(*inputs: str, key: str = "a", **options) -> Job:
+    return Job("echo", ("echo", key), options, list(inputs))
+
+
+def run_all(w: Worker, jobs: list[Job]) -> list:
+    """Queue ``jobs`` before the worker starts, then run it until all are done."""
+    for j in jobs:
+        w.submit(j)
+    w.start()
+    try:
+        return [j.future.result(timeout=WAIT_S) if j.future.exception(WAIT_S) is None
+                else j.future.exception() for j in jobs]
+    finally:
+        w.stop()
+
+
+def test_jobs_with_the_same_key_share_a_batch_and_get_their_own_results(batches):
+    results = run_all(make_worker(), [job("x", "y"), job("z"), job("w", key="b"), job("v")])
+    assert results == [["X", "Y"], ["Z"], ["W"], ["V"]]
+    assert batches == [["x", "y", "z", "v"], ["w"]]  # "b" waited in the backlog
+
+
+def test_requests_per_batch_are_limited(batches):
+    run_all(make_worker(max_batch_requests=2), [job(str(i)) for i in range(5)])
+    assert batches == [["0", "1"], ["2", "3"], ["4"]]
+
+
+def test_the_token_budget_is_kept(batches):
+    """Tokens of an "echo" input: its length + 1; a job over the budget still runs alone."""
+    run_all(make_worker(batch_tokens=6), [job("ab", "c"), job("d"), job("efghijkl"), job("m")])
+    assert batches == [["ab", "c"], ["d"], ["efghijkl"], ["m"]]
+
+
+def test_no_batching(batches):
+    run_all(make_worker(max_batch_requests=1), [job("x"), job("y")])
+    assert batches == [["x"], ["y"]]
+
+
+def test_a_failing_job_fails_alone(batches):
+    results = run_all(make_worker(), [job("x"), job("boom"), job("y")])
+    assert results[0] == ["X"] and results[2] == ["Y"]
+    assert isinstance(results[1], XindaError)
+    assert batches[0] == ["x", "boom", "y"]  # then job by job
+    assert sorted(map(tuple, batches[1:])) == [("boom",), ("x",), ("y",)]
+
+
+def test_cancelled_jobs_are_skipped(batches):
+    w, gone = make_worker(max_wait_ms=0), job("gone")
+    w.submit(gone)
+    gone.future.cancel()  # its request gave up (timeout)
+    assert run_all(w, [job("x")]) == [["X"]]
+    assert batches == [["x"]]
+
+
+def test_the_worker_survives_any_exception(batches, monkeypatch):
+    """A failure outside the runner (here: the metrics) is logged; the thread goes on."""
+    w = make_worker(max_wait_ms=0)
+    monkeypatch.setattr(worker, "cost", lambda *_: 1 // 0)  # counting tokens fails: no matter
+    monkeypatch.setattr(w.metrics, "batch", lambda *_: 1 // 0)
+    first = job("x")
+    w.submit(first)
+    w.start()
+    try:
+        assert first.future.result(timeout=WAIT_S) == ["X"]
+        later = job("y")
+        w.submit(later)
+        assert later.future.result(timeout=WAIT_S) == ["Y"]
+    finally:
+        w.stop()

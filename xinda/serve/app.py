@@ -1,0 +1,272 @@
+"""The app: ``create_app(models, settings)`` builds the FastAPI app (no socket: tests use it
+directly), ``run_server`` serves model directories with uvicorn.
+
+Endpoints: POST /v1/translate, /v1/couplet, /v1/poem; GET /v1/models, /health, /metrics,
+/docs, and the web page at / (``static/``). Requests become jobs for the model's worker
+(``worker.py``); every refusal is a JSON error (``errors.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import queue
+from collections.abc import Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel
+
+from xinda import __version__
+from xinda.apps.generate import PoemPrompt
+from xinda.errors import XindaError
+from xinda.serve import tasks
+from xinda.serve.errors import ApiError, install_error_handlers
+from xinda.serve.metrics import Metrics
+from xinda.serve.middleware import RequestGuard
+from xinda.serve.models import ServedModel, load_models
+from xinda.serve.schemas import (
+    Constraints,
+    CoupletRequest,
+    CoupletResponse,
+    ErrorResponse,
+    Health,
+    ModelsResponse,
+    PoemRequest,
+    PoemResponse,
+    TranslateRequest,
+    TranslateResponse,
+)
+from xinda.serve.settings import LOOPBACK, ServeSettings
+from xinda.serve.worker import Job, Worker
+
+log = logging.getLogger("xinda")
+STATIC = Path(__file__).with_name("static")
+ENDPOINTS = {"/", "/health", "/metrics", "/docs", "/openapi.json", "/v1/models",
+             "/v1/translate", "/v1/couplet", "/v1/poem"}
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 413, 422, 429)}
+
+
+class Service:
+    """What the endpoints share: the models, their workers and the settings."""
+
+    def __init__(self, models: Mapping[str, ServedModel], settings: ServeSettings,
+                 metrics: Metrics):
+        self.models, self.settings, self.metrics = dict(models), settings, metrics
+        self.workers = {name: Worker(m, settings, metrics) for name, m in self.models.items()}
+
+    async def authorize(self, request: Request) -> None:
+        """With an API key set: the request must give it (X-API-Key or Authorization:
+        Bearer)."""
+        key = self.settings.api_key
+        if key is None:
+            return
+        given = request.headers.get("x-api-key") or \
+            request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            raise ApiError(401, "unauthorized", "a valid API key is required (header "
+                           "X-API-Key or Authorization: Bearer)", {"WWW-Authenticate": "Bearer"})
+
+    def model(self, name: str | None, task: str | None = None) -> ServedModel:
+        """The served model called ``name`` (the only one when None), of ``task`` if given."""
+        if name is None:
+            if len(self.models) != 1:
+                raise ApiError(422, "invalid_request", "model: required when several models "
+                               f"are served ({', '.join(self.models)})")
+            name = next(iter(self.models))
+        if name not in self.models:
+            raise ApiError(404, "unknown_model", f"unknown model {name!r}; served: "
+                           f"{', '.join(self.models)}")
+        model = self.models[name]
+        if task is not None and model.task != task:
+            raise ApiError(422, "wrong_task", f"model {name!r} is a {model.task} model, not a "
+                           f"{task} model")
+        return model
+
+    def texts(self, text: str | list[str], field: str = "text",
+              empty_ok: bool = False) -> list[str]:
+        """The request's texts, within the limits on their number and length; an empty one is
+        refused unless ``empty_ok``."""
+        texts = [text] if isinstance(text, str) else text
+        limits = self.settings
+        if not texts:
+            raise ApiError(422, "invalid_request", f"{field}: give at least one text")
+        if len(texts) > limits.max_texts:
+            raise ApiError(422, "too_many_texts", f"{field}: {len(texts)} texts, at most "
+                           f"{limits.max_texts} per request")
+        for i, line in enumerate(texts):
+            if not empty_ok and not line.strip():
+                raise ApiError(422, "invalid_request", f"{field}[{i}]: empty text; send only "
+                               "lines with something to translate")
+            if len(line) > limits.max_chars:
+                raise ApiError(422, "text_too_long", f"{field}[{i}]: {len(line)} characters, "
+                               f"at most {limits.max_chars}")
+        return texts
+
+    async def run(self, model: ServedModel, kind: str, options: dict, inputs: Sequence[Any],
+                  alone: bool = False) -> list:
+        """Queue a job for ``model``'s worker and wait for its results (one per input); with
+        ``alone`` the job is batched with no other request."""
+        key = (kind, json.dumps(options, sort_keys=True)) + ((object(),) if alone else ())
+        job = Job(kind, key, options, list(inputs))
+        try:
+            future = self.workers[model.name].submit(job)
+        except queue.Full:
+            raise ApiError(429, "queue_full", f"model {model.name!r} is busy: retry later",
+                           {"Retry-After": str(self.settings.retry_after_s)}) from None
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.settings.timeout_s)
+        except asyncio.TimeoutError:
+            job.future.cancel()
+            raise ApiError(408, "timeout", f"no result within {self.settings.timeout_s:g} s"
+                           ) from None
+        except (XindaError, ApiError):
+            raise
+        except Exception as err:  # noqa: BLE001 - a job's failure is its request's error
+            log.error("xinda serve: %s job failed: %r", kind, err)
+            raise ApiError(500, "internal", f"decoding failed: {type(err).__name__}") from None
+
+
+def check_unicode(request: BaseModel) -> None:
+    """Every string of the request must be encodable (JSON escapes can make lone surrogates)."""
+    try:
+        json.dumps(request.model_dump(), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "bad_encoding", "the request holds a lone surrogate "
+                       "(\\ud800-\\udfff): not valid Unicode text") from None
+
+
+def decode_options(model: ServedModel, req: TranslateRequest) -> tuple[dict, bool]:
+    """The request's decode settings (checked against the model's) and whether it samples."""
+    options = req.decode_options()
+    dec = model.translator.decode_settings(options)
+    if not dec.sampling and any(name in options for name in SAMPLING_ONLY):
+        raise ApiError(422, "invalid_request", f"{', '.join(SAMPLING_ONLY)}: need "
+                       "\"sampling\": true")
+    return options, dec.sampling
+
+
+def routes(svc: Service) -> APIRouter:
+    """The API's endpoints; all but /health need the API key when one is set."""
+    api = APIRouter(dependencies=[Depends(svc.authorize)], responses=ERRORS)
+
+    @api.post("/v1/translate", response_model=TranslateResponse)
+    async def translate(req: TranslateRequest) -> JSONResponse:
+        """Translate one text or a list; decoding controls and constraints are xinda's."""
+        check_unicode(req)
+        model, texts = svc.model(req.model), svc.texts(req.text)
+        constraints = req.constraints or Constraints()
+        prefixes = constraints.prefix or [None] * len(texts)
+        if len(prefixes) != len(texts):
+            raise ApiError(422, "invalid_request", f"constraints.prefix: {len(prefixes)} "
+                           f"prefixes for {len(texts)} texts")
+        svc.texts(constraints.prefix or [""], "constraints.prefix", empty_ok=True)
+        decode, sampling = decode_options(model, req)
+        options = {"decode": decode, "attention": req.attention,
+                   "constraints": constraints.model_dump(exclude={"prefix"})}
+        results = await svc.run(model, "translate", options, list(zip(texts, prefixes)),
+                                alone=sampling)  # a seed's samples depend on the batch
+        return JSONResponse({"model": model.name, "translations": [
+            tasks.translation_json(text, nbest, req.attention)
+            for text, nbest in zip(texts, results)]})
+
+    @api.post("/v1/couplet", response_model=CoupletResponse)
+    async def couplet(req: CoupletRequest) -> JSONResponse:
+        """Second lines (下联) for first lines (上联), with a couplet model."""
+        check_unicode(req)
+        model, texts = svc.model(req.model, "couplet"), svc.texts(req.text)
+        for i, text in enumerate(texts):
+            if not text.split():
+                raise ApiError(422, "invalid_request", f"text[{i}]: empty: a couplet needs a "
+                               "first line")
+        options = {"nbest": req.n_best, "no_copy": req.no_copy, "tone": req.tone}
+        results = await svc.run(model, "couplet", given(options), texts)
+        return JSONResponse({"model": model.name, "couplets": [
+            tasks.couplet_json(text, outputs) for text, outputs in zip(texts, results)]})
+
+    @api.post("/v1/poem", response_model=PoemResponse)
+    async def poem(req: PoemRequest) -> JSONResponse:
+        """A quatrain from keywords (or one line per acrostic character), with a poetry
+        model."""
+        check_unicode(req)
+        model = svc.model(req.model, "poetry")
+        prompt = PoemPrompt(req.keyword_list(), req.form, req.acrostic)
+        svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)
+        prompt.check("poem")
+        options = given({"nbest": req.n_best, "rhyme": req.rhyme})
+        [outputs] = await svc.run(model, "poem", options, [prompt])
+        poems, error = tasks.poem_json(outputs)
+        return JSONResponse({"model": model.name, "poems": poems, "error": error})
+
+    @api.get("/v1/models", response_model=ModelsResponse)
+    async def models() -> dict:
+        """The served models: name, task, architecture and languages."""
+        return {"models": [m.info() for m in svc.models.values()]}
+
+    @api.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus metrics."""
+        return Response(svc.metrics.render(), media_type=svc.metrics.content_type)
+
+    return api
+
+
+def given(options: dict) -> dict:
+    """``options`` without the ones left unset (the library's defaults apply)."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None = None
+               ) -> FastAPI:
+    """The app serving ``models`` (name -> model); the workers run while the app's lifespan
+    does (``with TestClient(app)``, or uvicorn)."""
+    settings = settings or ServeSettings()
+    svc = Service(models, settings, Metrics(ENDPOINTS))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        for worker in svc.workers.values():
+            worker.start()
+        yield
+        for worker in svc.workers.values():
+            worker.stop()
+
+    app = FastAPI(title="xinda", version=__version__, lifespan=lifespan,
+                  description="Translation, couplets and poems with trained xinda models, "
+                  "batched across requests.")
+    app.state.service = svc
+    install_error_handlers(app)
+
+    @app.get("/health", response_model=Health)
+    async def health() -> dict:
+        return {"status": "ok", "models": list(svc.models)}
+
+    app.include_router(routes(svc))
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", "Authorization", "X-API-Key"])
+    app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes)
+    app.mount("/", StaticFiles(directory=STATIC, html=True), name="static")
+    return app
+
+
+def run_server(model_dirs: Sequence[Path], settings: ServeSettings, device: str = "cpu") -> None:
+    """Serve ``model_dirs`` until SIGTERM/SIGINT; requests in flight then finish."""
+    import uvicorn
+
+    if not settings.loopback and not settings.api_key:
+        raise XindaError(f"serving on {settings.host} needs --api-key (or XINDA_API_KEY); "
+                         f"without one only {', '.join(LOOPBACK)} are allowed")
+    app = create_app(load_models(model_dirs, device), settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
+                timeout_graceful_shutdown=int(settings.timeout_s) + 5)

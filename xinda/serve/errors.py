@@ -1,0 +1,92 @@
+"""Refusals as JSON: ``{"error": {"code": ..., "message": ...}}`` with a 4xx status, for every
+way a request can go wrong (the app's own ``ApiError``, FastAPI's validation, Starlette's 404 and
+405, a library ``XindaError``); anything else is a 500 of the same shape, never a crash."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from xinda.errors import XindaError
+
+log = logging.getLogger("xinda")
+MAX_MESSAGE = 300  # characters of an error message
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # pydantic's union member names
+
+
+class ApiError(Exception):
+    """A refusal: HTTP ``status``, a short ``code`` and a one-line ``message``."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (unprintable characters escaped), cut to MAX_MESSAGE characters."""
+    flat = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return flat if len(flat) <= MAX_MESSAGE else flat[:MAX_MESSAGE - 3] + "..."
+
+
+def error_response(status: int, code: str, message: str,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": one_line(message)}},
+                        status_code=status, headers=headers)
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as a field path: ("body", "text", 2) -> "text[2]"."""
+    path = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in UNION_TAGS and "[" not in str(part):
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def validation_message(err: RequestValidationError) -> tuple[int, str, str]:
+    """(status, code, message) of FastAPI's validation error: its deepest error (of a union's
+    alternatives, the one that got furthest), by field."""
+    first = max(err.errors(), key=lambda e: len(e.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        reason = first.get("ctx", {}).get("error", "not valid JSON")
+        return 400, "bad_json", f"the request body is not valid JSON: {reason}"
+    path = field_path(tuple(first.get("loc", ())))
+    if not path and first.get("type") == "missing":
+        return 422, "invalid_request", "the request body is missing: send a JSON object"
+    if not path:
+        return 422, "invalid_request", f"the request body must be a JSON object: {first['msg']}"
+    return 422, "invalid_request", f"{path}: {first['msg'].removeprefix('Value error, ')}"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every exception a request can raise to the JSON error shape."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return error_response(err.status, err.code, err.message, err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        return error_response(*validation_message(err))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(err.status_code, "http_error")
+        return error_response(err.status_code, code, str(err.detail), err.headers)
+
+    @app.exception_handler(XindaError)
+    async def library_error(_: Request, err: XindaError) -> JSONResponse:
+        return error_response(422, "invalid_request", str(err))
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, err: Exception) -> JSONResponse:
+        log.exception("xinda serve: internal error")
+        return error_response(500, "internal", f"internal error: {type(err).__name__}")

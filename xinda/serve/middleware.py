@@ -1,0 +1,99 @@
+"""ASGI middleware in front of the app: request metrics, and the body checks that must happen
+before FastAPI reads the body (a body over ``max_body_bytes`` is a 413 without being read whole;
+a body that is not UTF-8 is a 400)."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from xinda.serve.errors import error_response
+from xinda.serve.metrics import Metrics
+
+BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+class RequestGuard:
+    """Counts and times every HTTP request, and refuses bodies that are too large or not
+    UTF-8 with the JSON error shape."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int):
+        self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            if scope["method"] in BODY_METHODS:
+                await self._with_body(scope, receive, send_status)
+            else:
+                await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.request(scope["path"], status[0], time.perf_counter() - start)
+
+    async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body (at most ``max_body_bytes``), check it, hand it on."""
+        refusal = self._declared_too_large(scope)
+        chunks, size, more = [], 0, refusal is None
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_body_bytes:
+                refusal = self._too_large()
+                break
+        body = b"".join(chunks)
+        if refusal is None and not _is_utf8(body):
+            refusal = error_response(400, "bad_encoding", "the request body is not valid UTF-8")
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _declared_too_large(self, scope: Scope):
+        """The 413 response when the Content-Length header is over the limit (or bad)."""
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is None:
+            return None
+        if not length.isdigit():
+            return error_response(400, "bad_request", "bad Content-Length header")
+        return self._too_large() if int(length) > self.max_body_bytes else None
+
+    def _too_large(self):
+        return error_response(413, "too_large", f"the request body is over "
+                              f"{self.max_body_bytes} bytes", {"Connection": "close"})
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` once, then what ``receive`` gives (disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+    return replay

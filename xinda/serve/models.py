@@ -1,0 +1,50 @@
+"""Served models: trained model directories, named by their directory name, with their task."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from xinda.decode.translator import Translator
+from xinda.errors import XindaError
+from xinda.models.registry import resolve
+
+TASKS = {("up", "down"): "couplet", ("kw", "poem"): "poetry"}  # (src_lang, tgt_lang) -> task
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    translator: Translator
+    task: str  # "translate" | "couplet" | "poetry"
+    arch: str  # "transformer" | "rnn"
+
+    @classmethod
+    def of(cls, name: str, translator: Translator) -> ServedModel:
+        """``translator`` served as ``name``; its task from its data languages."""
+        data = translator.cfg.data
+        task = TASKS.get((data.src_lang, data.tgt_lang), "translate")
+        return cls(name, translator, task, resolve(translator.cfg.model).arch)
+
+    def info(self) -> dict:
+        """The model's entry in GET /v1/models."""
+        data = self.translator.cfg.data
+        return {"name": self.name, "task": self.task, "arch": self.arch,
+                "src_lang": data.src_lang, "tgt_lang": data.tgt_lang}
+
+
+def load_models(model_dirs: Sequence[str | Path], device: str = "cpu") -> dict[str, ServedModel]:
+    """Load each trained model directory, named by its directory name (names must differ)."""
+    models: dict[str, ServedModel] = {}
+    for model_dir in map(Path, model_dirs):
+        name = model_dir.resolve().name
+        if name in models:
+            raise XindaError(f"two model directories are named {name!r}: models are served by "
+                             "their directory name")
+        if not (model_dir / "config.yaml").is_file():
+            raise XindaError(f"{model_dir}: not a trained model directory (no config.yaml)")
+        models[name] = ServedModel.of(name, Translator.load(model_dir, device=device))
+    if not models:
+        raise XindaError("no model directory given")
+    return models

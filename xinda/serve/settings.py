@@ -1,0 +1,36 @@
+"""Every default of the server, defined once: ``ServeSettings`` (the CLI's options map onto it)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class ServeSettings(BaseModel):
+    """Server, batching and limit settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = None  # required on any address but loopback
+    cors_origins: tuple[str, ...] = ()  # CORS is off when empty
+    # batching: one worker per model collects up to max_batch_requests jobs with the same
+    # decode options, until their source tokens reach batch_tokens or max_wait_ms has passed
+    max_batch_requests: int = Field(32, ge=1)  # 1 = no batching across requests
+    batch_tokens: int = Field(4096, ge=1)
+    max_wait_ms: float = Field(5.0, ge=0)
+    # limits
+    queue_size: int = Field(256, ge=1)  # waiting jobs per model; beyond: 429
+    retry_after_s: int = Field(1, ge=1)  # the Retry-After of a 429
+    timeout_s: float = Field(30.0, gt=0)  # per request, queueing included; then 408
+    max_texts: int = Field(64, ge=1)  # texts per request
+    max_chars: int = Field(1000, ge=1)  # characters per text
+    max_body_bytes: int = Field(1 << 20, ge=1)  # request body size; beyond: 413
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the server binds a loopback address only."""
+        return self.host in LOOPBACK
+

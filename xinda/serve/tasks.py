@@ -1,0 +1,92 @@
+"""One library call per batch, and its results as JSON.
+
+A runner takes the options the batch's jobs share and all their inputs (concatenated), makes one
+``Translator.translate`` / ``write_couplets`` / ``write_poems`` call and returns one result per
+input, in order; the worker splits them back to the jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from xinda.apps.generate import Output, PoemPrompt, write_couplets, write_poems
+from xinda.apps.poetry import source_text
+from xinda.decode.translator import Translation, Translator
+from xinda.evaluate.generation import poem_lines
+
+ATTENTION_DIGITS = 4
+Line = tuple[str, str | None]  # a text to translate and its target prefix (None: none)
+
+
+def translate(translator: Translator, options: dict, inputs: Sequence[Line]
+              ) -> list[list[Translation]]:
+    """``options``: {"decode": DecodeConfig fields, "constraints": constraints_for keywords
+    (without prefixes), "attention": bool}; a prefix applies to its own line only."""
+    lines = [line for line, _ in inputs]
+    prefixes = [prefix or "" for _, prefix in inputs] if any(p for _, p in inputs) else None
+    constraints = translator.constraints_for(lines, prefixes, **options["constraints"])
+    return translator.translate(lines, constraints=constraints,
+                                need_attention=options["attention"], **options["decode"])
+
+
+def couplets(translator: Translator, options: dict, inputs: Sequence[str]) -> list[list[Output]]:
+    """``options``: write_couplets keywords (nbest, no_copy, tone)."""
+    return write_couplets(translator, inputs, **options)
+
+
+def poems(translator: Translator, options: dict, inputs: Sequence[PoemPrompt]
+          ) -> list[list[Output]]:
+    """``options``: write_poems keywords (nbest, rhyme)."""
+    return write_poems(translator, inputs, **options)
+
+
+RUNNERS: dict[str, Callable[[Translator, dict, Sequence[Any]], list]] = {
+    "translate": translate, "couplet": couplets, "poem": poems}
+
+
+def cost(translator: Translator, kind: str, inputs: Sequence[Any]) -> int:
+    """The source tokens of a job's inputs (for the batch's token budget)."""
+    if kind == "translate":
+        limit = translator.cfg.decode.max_input_len  # longer sources are cut
+        return sum(min(len(translator.source_ids(line, False)), limit) + 1 for line, _ in inputs)
+    if kind == "poem":
+        return sum(len(source_text(p.form, p.keywords or tuple(p.acrostic))) + 1 for p in inputs)
+    return sum(len(line) + 1 for line in inputs)
+
+
+def finite(score: float) -> float | None:
+    """JSON has no infinities: a score that is not finite is null."""
+    return score if math.isfinite(score) else None
+
+
+def translation_json(source: str, nbest: list[Translation], attention: bool) -> dict:
+    """One entry of /v1/translate's "translations"."""
+    error = nbest[0].error if nbest else "no output"
+    hyps = [] if error else [hypothesis_json(t, attention) for t in nbest]
+    return {"source": source, "nbest": hyps, "error": error,
+            "truncated_from": nbest[0].truncated_from if nbest else None}
+
+
+def hypothesis_json(t: Translation, attention: bool) -> dict:
+    out = {"text": t.text, "score": finite(t.score), "source_pieces": t.source_pieces,
+           "target_pieces": t.target_pieces}
+    if attention:
+        out["attention"] = None if t.attention is None else \
+            t.attention.double().round(decimals=ATTENTION_DIGITS).tolist()
+    return out
+
+
+def couplet_json(source: str, outputs: list[Output]) -> dict:
+    """One entry of /v1/couplet's "couplets"."""
+    good = [{"text": o.text, "score": finite(o.score)} for o in outputs if not o.error]
+    error = None if good else next((o.error for o in outputs), "no output")
+    return {"source": source, "nbest": good, "error": error}
+
+
+def poem_json(outputs: list[Output]) -> tuple[list[dict], str | None]:
+    """/v1/poem's "poems" and "error"."""
+    good = [{"text": o.text, "lines": poem_lines(o.text), "score": finite(o.score)}
+            for o in outputs if not o.error]
+    return good, None if good else next((o.error for o in outputs), "no output")

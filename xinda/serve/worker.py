@@ -1,0 +1,153 @@
+"""The per-model inference worker: a thread that owns the model and batches across requests.
+
+Requests become ``Job``s in a bounded queue. The worker takes the oldest job, then collects
+more jobs with the same ``key`` (the same task and decode options) for up to ``max_wait_ms``,
+until ``max_batch_requests`` jobs or ``batch_tokens`` source tokens; jobs with other keys wait
+in a backlog, first in line for the next batch. One library call decodes the batch's inputs
+together and each job's future gets its own slice of the results. A batch that fails is
+retried job by job, so that one bad job fails alone; an exception is a job's error, never the
+end of the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from xinda.serve.metrics import Metrics
+from xinda.serve.models import ServedModel
+from xinda.serve.settings import ServeSettings
+from xinda.serve.tasks import RUNNERS, cost
+
+log = logging.getLogger("xinda")
+POLL_S = 0.1  # how often an idle worker checks whether it should stop
+
+
+@dataclass(eq=False)
+class Job:
+    kind: str  # a key of tasks.RUNNERS
+    key: tuple  # jobs with equal keys can share a batch: (kind, options, ...)
+    options: dict  # the runner's options (equal for equal keys)
+    inputs: list[Any]  # the runner's inputs: results come back one per input
+    future: Future = field(default_factory=Future)
+    tokens: int = 0  # source tokens, counted by the worker
+
+
+class Worker:
+    """One model's batching thread; ``submit`` raises ``queue.Full`` when the queue is full."""
+
+    def __init__(self, model: ServedModel, settings: ServeSettings, metrics: Metrics):
+        self.model, self.settings, self.metrics = model, settings, metrics
+        self.queue: queue.Queue[Job] = queue.Queue(settings.queue_size)
+        self.backlog: deque[Job] = deque()  # taken from the queue, not yet batched
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"xinda-serve:{model.name}",
+                                        daemon=True)
+        metrics.watch_queue(model.name, self.depth)
+
+    def submit(self, job: Job) -> Future:
+        self.queue.put_nowait(job)
+        return job.future
+
+    def depth(self) -> int:
+        """Jobs waiting: in the queue and in the backlog."""
+        return self.queue.qsize() + len(self.backlog)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the current batch; jobs still waiting fail."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        while self.depth():
+            try:
+                job = self.backlog.popleft() if self.backlog else self.queue.get_nowait()
+            except (IndexError, queue.Empty):  # the thread did not stop in time and took it
+                break
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(RuntimeError("the server is shutting down"))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = self._collect()
+                if batch:
+                    self._run(batch)
+            except Exception:  # the worker outlives any failure
+                log.exception("xinda serve: worker %s", self.model.name)
+
+    def _take(self, timeout: float) -> Job | None:
+        """The next job from the queue, its tokens counted, or None after ``timeout`` s."""
+        try:
+            job = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
+        except queue.Empty:
+            return None
+        try:
+            job.tokens = cost(self.model.translator, job.kind, job.inputs)
+        except Exception:  # noqa: BLE001 - the runner will say what is wrong with the job
+            job.tokens = 0
+        return job
+
+    def _collect(self) -> list[Job]:
+        """The next batch: the oldest job and the waiting jobs with its key, within the limits;
+        jobs whose requests gave up (cancelled futures) are dropped."""
+        first = self.backlog.popleft() if self.backlog else self._take(POLL_S)
+        if first is None:
+            return []
+        batch, tokens = [first], first.tokens
+        for job in [j for j in self.backlog if j.key == first.key]:
+            if not self._room(batch, tokens, job):
+                break
+            self.backlog.remove(job)
+            batch.append(job)
+            tokens += job.tokens
+        deadline = time.monotonic() + self.settings.max_wait_ms / 1000
+        while self._room(batch, tokens) and len(self.backlog) < self.settings.max_batch_requests:
+            job = self._take(deadline - time.monotonic())
+            if job is None:
+                break
+            if job.key == first.key and self._room(batch, tokens, job):
+                batch.append(job)
+                tokens += job.tokens
+            else:
+                self.backlog.append(job)
+        return [job for job in batch if job.future.set_running_or_notify_cancel()]
+
+    def _room(self, batch: list[Job], tokens: int, job: Job | None = None) -> bool:
+        """Whether the batch has room for ``job`` (or, without one, for any more tokens)."""
+        if len(batch) >= self.settings.max_batch_requests:
+            return False
+        if job is None:
+            return tokens < self.settings.batch_tokens
+        return tokens + job.tokens <= self.settings.batch_tokens
+
+    def _run(self, batch: list[Job]) -> None:
+        """Decode ``batch`` in one call and resolve each job; a failed batch is retried job by
+        job."""
+        if not batch:
+            return
+        first = batch[0]
+        inputs = [item for job in batch for item in job.inputs]
+        start = time.perf_counter()
+        try:
+            results = RUNNERS[first.kind](self.model.translator, first.options, inputs)
+        except Exception as err:  # noqa: BLE001 - becomes the job's error
+            if len(batch) == 1:
+                first.future.set_exception(err)
+            else:
+                for job in batch:
+                    self._run([job])
+            return
+        seconds, offset = time.perf_counter() - start, 0
+        for job in batch:
+            job.future.set_result(results[offset:offset + len(job.inputs)])
+            offset += len(job.inputs)
+        self.metrics.batch(self.model.name, len(batch), len(inputs), seconds)
