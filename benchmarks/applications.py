@@ -151,8 +151,8 @@ def evaluate_poems(model_dir: Path, raw: Path, split: str, limit: int = 0) -> di
 
 
 def markdown(results: dict) -> str:
-    title = ("### Couplets and poems (transformer-small, 2 threads), test sets decoded with beam "
-             "5; BLEU on characters (sacreBLEU signature in applications.json)")
+    title = ("### Couplets and poems (transformer-small), test sets decoded with beam 5; "
+             "BLEU on characters (sacreBLEU signature in applications.json)")
     lines = [title, ""]
     header = ["app", "test set", "decoding", "updates", "train s", "BLEU (char)", "length",
               "pattern",
@@ -206,7 +206,7 @@ def text_markdown(results: dict) -> str:
               "length", "inputs cut"]
     rows = [row for app, res in results.items() if app in TEXT_APPS
             for row in text_rows(app, res)]
-    title = ("### Classical <-> modern Chinese, summarisation, QA (transformer-small, 2 threads; "
+    title = ("### Classical <-> modern Chinese, summarisation, QA (transformer-small, beam 5; "
              "signatures in applications.json)")
     return "\n".join([title, "", *markdown_table(header, rows)])
 
