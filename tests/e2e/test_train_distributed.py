@@ -5,7 +5,9 @@ accumulating the same batches, one writer, exact ``--resume``, and a rank killed
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from xinda.checkpoint import list_checkpoints, load_state
+from xinda.checkpoint import list_checkpoints, load_state, state_json, state_tensors
 from xinda.config import load_config
 from xinda.data.batching import make_batches
 from xinda.data.manifest import load_split
@@ -175,3 +177,59 @@ def test_a_killed_rank_fails_the_job_and_resume_is_exact(uninterrupted):
                            states[1]["ranks"]["rng"][rank]["cpu"])
     assert not torch.equal(states[0]["ranks"]["rng"][0]["cpu"],
                            states[0]["ranks"]["rng"][1]["cpu"])
+
+
+def test_ctrl_c_stops_all_ranks_with_a_checkpoint_and_resume_is_exact(uninterrupted):
+    """Ctrl-C in a terminal signals torchrun and every rank, and torchrun passes it on again:
+    all ranks stop after the same update, rank 0 saves it, and --resume ends as run A."""
+    root, config = uninterrupted
+    c_dir, c_config = root / "C", config("C")
+    log_path = root / "C.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(torchrun("train", c_config), stdout=log, stderr=subprocess.STDOUT,
+                                env=subprocess_env(), start_new_session=True)
+        try:
+            marker = c_dir / "checkpoints" / "step_0000004.state.json"
+            deadline = time.monotonic() + 150
+            while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    output = log_path.read_text()
+    assert proc.returncode != 0, output
+    assert "lost contact" not in output and "SIGINT again" not in output, output
+    assert output.count("xinda: interrupted") == 2, output  # both ranks stopped cleanly
+    stopped = int(output.split("stopped by SIGINT after update ")[1].split(":")[0])
+    assert 4 <= stopped < 18 and int(list_checkpoints(c_dir)[-1].name[5:12]) == stopped
+
+    proc = run_torchrun("train", c_config, "--resume")
+    assert f"resumed from step_{stopped:07d}" in proc.stderr
+    a, c = weights(root / "A", 18), weights(c_dir, 18)
+    for name in a:
+        assert torch.equal(a[name], c[name]), f"{name} differs after resume"
+
+
+def test_one_process_resumes_a_two_rank_run(uninterrupted, tmp_path, caplog, batches_per_epoch):
+    """Another number of ranks: same weights, optimizer and data position, with a warning."""
+    root, config = uninterrupted
+    run = tmp_path / "D"
+    shutil.copytree(root / "A", run)
+    for path in list_checkpoints(run)[-4:]:  # back to step 10
+        for part in (state_json(path), state_tensors(path), path):
+            part.unlink()
+    cfg = load_config(config("A"), [f"train.out_dir={run}"])
+    with caplog.at_level(logging.INFO, logger="xinda"):
+        progress = Trainer(cfg).train(resume=True)
+    assert "resumed from step_0000010" in caplog.text
+    assert "resuming with 1 rank(s) a run saved with 2" in caplog.text
+    assert progress.step == 18
+    saved = load_state(run / "checkpoints" / "step_0000010.safetensors")["progress"]
+    per_epoch = (batches_per_epoch + 1) // 2  # updates of 2 ranks
+    assert (saved["epoch"], saved["batch"]) == (10 // per_epoch + 1, 10 % per_epoch * 2)
+    # one process finishes that epoch one batch per update
+    assert f"valid after update {10 + batches_per_epoch - saved['batch']}:" in caplog.text
+    assert "ranks" not in load_state(list_checkpoints(run)[-1])  # one process: as before
