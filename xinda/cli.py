@@ -74,9 +74,11 @@ def train(config: Path, set_: SetOpt = None,
     from xinda.train.trainer import Trainer
 
     cfg = validated(load_config(config, set_ or []), config)
-    progress = Trainer(cfg, valid_bleu=validation_bleu(cfg)).train(resume=resume)
-    print(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
-          f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
+    trainer = Trainer(cfg, valid_bleu=validation_bleu(cfg))
+    progress = trainer.train(resume=resume)
+    if trainer.ranks.is_main:  # under torchrun: once
+        print(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
+              f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
 
 
 def _read_input(path: Path | None) -> list[str]:

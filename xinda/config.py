@@ -83,6 +83,9 @@ class TrainConfig(Strict):
     patience: int = Field(0, ge=0)  # early stopping: epochs without improvement; 0 = off
     log_every: int = Field(50, ge=1)  # updates between CSV log rows
     progress: bool = True  # tqdm progress bar
+    # torchrun (xinda.train.distributed): seconds a rank waits for the others at a collective,
+    # e.g. while rank 0 validates or saves, before it stops with "lost contact"
+    dist_timeout: float = Field(600.0, gt=0)
 
 
 class DecodeConfig(Strict):

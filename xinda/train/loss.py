@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from xinda.data.batching import collate, make_batches
+from xinda.device import autocast
+
 
 def label_smoothed_nll_reference(logits: Tensor, target: Tensor, epsilon: float,
                                  pad: int) -> tuple[Tensor, Tensor]:
@@ -55,3 +58,19 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
     tokens. logits (B, T, V), target (B, T)."""
     flat = logits.reshape(-1, logits.size(-1))
     return _SmoothedCrossEntropy.apply(flat, target.reshape(-1), epsilon, pad)
+
+
+@torch.no_grad()
+def corpus_loss(model: torch.nn.Module, split: tuple, vocab, max_tokens: int, epsilon: float,
+                precision: str, device: torch.device) -> dict[str, float]:
+    """Per-token smoothed loss and NLL of ``model`` (in eval mode) on the (source, target)
+    ``TokenArrays`` of ``split``, in length-sorted batches of ``max_tokens``."""
+    src, tgt = split
+    loss_sum = nll_sum = tokens = 0
+    for idx in make_batches(src.lengths, tgt.lengths, max_tokens, 0, 0, shuffle=False):
+        b = collate(idx, src, tgt, vocab.pad, vocab.bos, vocab.eos).to(device)
+        with autocast(precision, device):
+            logits = model(b.src, b.prev)
+        loss, nll = label_smoothed_nll(logits, b.target, epsilon, vocab.pad)
+        loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), tokens + b.ntokens
+    return {"loss": loss_sum / tokens, "nll": nll_sum / tokens}

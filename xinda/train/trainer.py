@@ -8,7 +8,11 @@ end-of-epoch validation and checkpoint) finishes, a checkpoint of that update bo
 written, and KeyboardInterrupt is raised (``xinda train`` prints "interrupted", exit code 130);
 ``--resume`` then continues exactly as if training had not stopped. A second signal stops at
 once, keeping the checkpoints already written. (The handlers are installed by ``Trainer.train``
-in the main thread only, and the previous ones restored when it returns.)
+in the main thread only, and the previous ones restored when it returns.) Under torchrun all
+ranks agree on when to stop, and a signal repeated within a second counts once (torchrun passes
+on the Ctrl-C its ranks already got from the terminal).
+
+Data-parallel training on several processes or machines: ``xinda.train.distributed``.
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, save_config
 from xinda.data.batching import Batch, collate, make_batches
 from xinda.data.manifest import load_manifest, load_split, load_vocabularies
-from xinda.device import autocast, pick_device, pick_precision
+from xinda.device import autocast, pick_precision
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
-from xinda.train.loss import label_smoothed_nll
+from xinda.train.distributed import Ranks, lost_contact
+from xinda.train.loss import corpus_loss, label_smoothed_nll
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.utils import atomic_write_text
 
@@ -53,8 +58,8 @@ class Progress:
 
     step: int = 0  # updates done
     epoch: int = 1  # current epoch (1-based)
-    batch: int = 0  # next batch of the current epoch
-    tgt_tokens: int = 0  # target tokens trained on (incl. EOS)
+    batch: int = 0  # next batch of the current epoch (of all ranks' batches)
+    tgt_tokens: int = 0  # target tokens trained on (incl. EOS), all ranks
     train_seconds: float = 0.0  # training-loop wall clock
     best: float = -math.inf  # best validation score (BLEU, or -loss)
     bad_epochs: int = 0  # epochs since the best one
@@ -75,13 +80,16 @@ class Trainer:
         self.data_dir = Path(data_dir or cfg.data.out_dir)
         if tc.threads:
             torch.set_num_threads(tc.threads)
+        self.ranks = Ranks.from_env(tc.device, tc.dist_timeout)
         torch.manual_seed(tc.seed)
-        self.device = pick_device(tc.device)
+        self.device = self.ranks.device
         self.precision = pick_precision(tc.precision, self.device)
         self.manifest = load_manifest(self.data_dir)
         self.vocab = load_vocabularies(self.data_dir, self.manifest).info
         self.model_cfg = resolve(cfg.model)
         self.model = build_model(self.model_cfg, self.vocab).to(self.device)
+        self.net = self.model  # what trains: in DistributedDataParallel with several ranks
+        self.ranks.seed_rank(tc.seed)
         self.optimizer = make_optimizer(tc, self.model.parameters())
         self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
@@ -89,13 +97,16 @@ class Trainer:
         self.progress = Progress()
         self.valid_bleu = valid_bleu
         self.stop_signal: int | None = None  # a SIGINT/SIGTERM received while training
+        self.signal_time = 0.0  # when it came (time.monotonic())
+        self.saved_step: int | None = None  # the update of the newest checkpoint
         if tc.valid_bleu and tc.run_validation and self.has_valid and valid_bleu is None:
             log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
                         "(xinda.evaluate.validation.validation_bleu builds one)")
 
     # ------------------------------------------------------------------ set-up and resume
     def prepare_output_dir(self, resume: bool) -> None:
-        """Make the model directory self-contained: config, manifest, sentencepiece models."""
+        """Make the model directory self-contained: config, manifest, sentencepiece models
+        (rank 0)."""
         if self.out.exists() and ckpt.list_checkpoints(self.out) and not resume:
             raise XindaError(f"{self.out}: already holds checkpoints; use --resume to continue "
                              "or choose another train.out_dir")
@@ -105,51 +116,75 @@ class Trainer:
             if (self.data_dir / name).resolve() != (self.out / name).resolve():
                 shutil.copyfile(self.data_dir / name, self.out / name)
         self.csv = CsvLog(self.out / "log.csv")
-        if resume:
-            self.resume()
 
     def resume(self) -> None:
-        found = ckpt.list_checkpoints(self.out)
-        if not found:
-            log.warning("--resume: no checkpoint in %s, starting from scratch", self.out)
+        """Continue from the newest checkpoint: rank 0 reads it and sends it to the others."""
+        state = self.ranks.from_main(self.read_newest() if self.ranks.is_main else None)
+        if state is None:
             return
-        ckpt.load_weights(self.model, found[-1])
-        state = ckpt.load_state(found[-1])
-        if state["optimizer"] is None:  # `xinda grow`: new parameters, so fresh Adam moments
-            log.info("%s has no optimizer state: starting a fresh optimizer", found[-1].name)
-        else:
+        if state["optimizer"] is not None:  # None after `xinda grow`: fresh Adam moments
             self.optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:  # empty when saved by a disabled (non-fp16) scaler
             self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"])
         self.progress = Progress(**state["progress"])
-        self.csv.truncate_after(self.progress.step)
+        self.ranks.restore_rng(state.get("ranks"), state["rng"], self.cfg.train.seed,
+                               self.progress.step)
+        self.saved_step = self.progress.step
+
+    def read_newest(self) -> dict | None:
+        """Rank 0: the newest checkpoint's state, its weights loaded into the model."""
+        found = ckpt.list_checkpoints(self.out)
+        if not found:
+            log.warning("--resume: no checkpoint in %s, starting from scratch", self.out)
+            return None
+        ckpt.load_weights(self.model, found[-1])
+        state = ckpt.load_state(found[-1])
+        if state["optimizer"] is None:
+            log.info("%s has no optimizer state: starting a fresh optimizer", found[-1].name)
+        progress = state["progress"]
+        self.csv.truncate_after(progress["step"])
         log.info("resumed from %s (update %d, epoch %d, batch %d)", found[-1].name,
-                 self.progress.step, self.progress.epoch, self.progress.batch)
+                 progress["step"], progress["epoch"], progress["batch"])
+        return state
 
     def save(self) -> None:
-        state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                 "rng": torch.get_rng_state(), "progress": asdict(self.progress)}
-        ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
-                             self.cfg.train.keep_last)
+        """Checkpoint (all ranks call it: their random states are collected; rank 0 writes)."""
+        ranks = self.ranks.save_rng()
+        if self.ranks.is_main:
+            state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                     "rng": torch.get_rng_state(), "progress": asdict(self.progress)}
+            if ranks:
+                state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
+            ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
+                                 self.cfg.train.keep_last)
+        self.saved_step = self.progress.step
 
     def save_unless_saved(self) -> None:
         """Checkpoint the current update unless the newest checkpoint already holds it."""
-        newest = ckpt.list_checkpoints(self.out, verify=False)
-        if not newest or newest[-1].name != f"step_{self.progress.step:07d}.safetensors":
+        if self.saved_step != self.progress.step:
             self.save()
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
-        with _os_errors_named(self.out):
-            self.prepare_output_dir(resume)
+        with lost_contact(self.ranks.rank), _os_errors_named(self.out):
+            if self.ranks.is_main:
+                self.prepare_output_dir(resume)
+            if resume:
+                self.resume()
+            self.net = self.ranks.wrap(self.model, getattr(self.model_cfg, "layer_dropout", 0) > 0)
             with self.stop_on_signals():
-                return self._train()
+                progress = self._train()
+        self.ranks.close()
+        return progress
 
     def _train(self) -> Progress:
         tc, p = self.cfg.train, self.progress
         log.info("model %s: %s parameters, %s, %s", self.model_cfg.arch,
                  f"{self.model.num_parameters():,}", self.device, self.precision)
+        if self.ranks.enabled:
+            log.info("data-parallel: %d ranks; batch per update: %d tokens x %d ranks x %d "
+                     "(update_freq)", self.ranks.world, tc.max_tokens, self.ranks.world,
+                     tc.update_freq)
         self._clock = None
         stop = self.steps_done()  # resumed from a run that had already finished
         while p.epoch <= tc.max_epochs and not stop:
@@ -158,11 +193,12 @@ class Trainer:
             stop = self.train_epoch(batches)
             if not stop:
                 stop = self.end_of_epoch()
-                self.stop_if_asked()
-        if p.batch and tc.run_validation and self.has_valid:  # stopped inside an epoch
-            self.validate_and_keep_best()
+                self.stop_if_asked(*self.ranks.any(self.stop_signal is not None))
+        if self.ranks.is_main and p.batch and tc.run_validation and self.has_valid:
+            self.validate_and_keep_best()  # stopped inside an epoch
         self.save_unless_saved()
-        self.write_stats()
+        if self.ranks.is_main:
+            self.write_stats()
         return p
 
     # ------------------------------------------------------------------ SIGINT and SIGTERM
@@ -186,55 +222,63 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        if self.ranks.enabled and time.monotonic() - self.signal_time < 1.0:
+            return  # the same Ctrl-C again, passed on by torchrun
         if self.stop_signal is not None:
             log.warning("%s again: stopping now (the checkpoints written so far are kept)", name)
             raise KeyboardInterrupt
-        self.stop_signal = signum
+        self.stop_signal, self.signal_time = signum, time.monotonic()
         log.warning("%s: stopping after the current update, with a checkpoint (send it again "
                     "to stop at once)", name)
 
-    def stop_if_asked(self) -> None:
-        """At an update boundary: after a signal, checkpoint and raise KeyboardInterrupt."""
-        if self.stop_signal is None:
+    def stop_if_asked(self, asked: bool) -> None:
+        """At an update boundary, ``asked`` (a signal came, to any rank): checkpoint and raise
+        KeyboardInterrupt."""
+        if not asked:
             return
         self.save_unless_saved()
-        log.warning("stopped by %s after update %d: checkpoint step_%07d saved in %s; continue "
-                    "with --resume", signal.Signals(self.stop_signal).name, self.progress.step,
-                    self.progress.step, ckpt.checkpoint_dir(self.out))
+        if self.ranks.is_main:
+            log.warning("stopped by %s after update %d: checkpoint step_%07d saved in %s; continue "
+                        "with --resume", signal.Signals(self.stop_signal or signal.SIGTERM).name,
+                        self.progress.step, self.progress.step, ckpt.checkpoint_dir(self.out))
         raise KeyboardInterrupt
 
     def train_epoch(self, batches: list) -> bool:
-        """Run the epoch's remaining batches; True when a step/time limit stops training."""
+        """Run the epoch's remaining batches; True when a step/time limit stops training.
+        An update takes the next ``update_freq x ranks`` batches, shared out by the ranks."""
         tc, p = self.cfg.train, self.progress
-        updates = math.ceil(len(batches) / tc.update_freq)
-        bar = tqdm(total=updates, initial=p.batch // tc.update_freq, disable=not tc.progress,
+        per_update = tc.update_freq * self.ranks.world
+        updates = math.ceil(len(batches) / per_update)
+        bar = tqdm(total=updates, initial=p.batch // per_update,
+                   disable=not (tc.progress and self.ranks.is_main),
                    desc=f"epoch {p.epoch}", unit="upd", dynamic_ncols=True, leave=False,
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)
         window = [0.0, 0, 0.0]  # loss sum, tokens, seconds since the last log row
-        for start in range(p.batch, len(batches), tc.update_freq):
+        for start in range(p.batch, len(batches), per_update):
             t0 = time.perf_counter()
             self._clock = self._clock or t0
-            loss, nll, ntok = self.update(batches[start:start + tc.update_freq])
+            loss, nll, ntok = self.update(batches[start:start + per_update])
             seconds = time.perf_counter() - t0
-            p.batch = start + tc.update_freq
+            p.batch = start + per_update
             p.tgt_tokens += ntok
             window = [window[0] + loss, window[1] + ntok, window[2] + seconds]
             bar.update(1)
             bar.set_postfix(loss=f"{loss / ntok:.3f}", tok_s=f"{ntok / seconds:.0f}",
                             lr=f"{self.lr:.2e}", refresh=False)
             if p.step % tc.log_every == 0:
-                self.csv.write(step=p.step, epoch=p.epoch, lr=self.lr,
-                               train_loss=window[0] / window[1], train_nll=nll / ntok,
-                               tok_per_s=window[1] / window[2], elapsed_s=p.train_seconds)
+                if self.ranks.is_main:
+                    self.csv.write(step=p.step, epoch=p.epoch, lr=self.lr,
+                                   train_loss=window[0] / window[1], train_nll=nll / ntok,
+                                   tok_per_s=window[1] / window[2], elapsed_s=p.train_seconds)
                 window = [0.0, 0, 0.0]
             if tc.save_every and p.step % tc.save_every == 0:
                 self.save()
             p.train_seconds += time.perf_counter() - t0  # loop wall clock, saving included
-            if self.stop_signal is not None:
+            asked, limit = self.ranks.any(self.stop_signal is not None, self.limit_reached())
+            if asked or limit:
                 bar.close()
-                self.stop_if_asked()
-            if self.limit_reached():
-                bar.close()
+            self.stop_if_asked(asked)
+            if limit:
                 return True
         bar.close()
         return False
@@ -249,23 +293,28 @@ class Trainer:
         return self.steps_done() or bool(over_time)
 
     def update(self, group: list) -> tuple[float, float, int]:
-        """One optimiser update over ``group`` (gradient accumulation): returns summed loss,
-        summed NLL and target tokens. Gradients are normalised by target tokens."""
+        """One optimiser update over the batches ``group`` (gradient accumulation; with several
+        ranks each trains on its share, see ``Ranks.share``): returns the summed loss, summed
+        NLL and target tokens of the whole group. Gradients are normalised by those tokens."""
         tc = self.cfg.train
-        self.model.train()
+        self.net.train()
         self.lr = learning_rate(tc, self.progress.step + 1, self.model_cfg.model_dim,
                                 self.progress.lr_resets)
         set_lr(self.optimizer, self.lr)
-        batches = [self.collate(idx) for idx in group]
-        ntokens = sum(b.ntokens for b in batches)
+        ntokens = int(sum((self.train_tgt.lengths[idx] + 1).sum() for idx in group))
+        mine, weight = self.ranks.share(group)
+        batches = [self.collate(idx) for idx in mine]
         loss_sum = nll_sum = 0.0
-        for batch in batches:
-            with autocast(self.precision, self.device):
-                logits = self.model(batch.src, batch.prev)
-            loss, nll = label_smoothed_nll(logits, batch.target, tc.label_smoothing,
-                                           self.vocab.pad)
-            self.scaler.scale(loss / ntokens).backward()
-            loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
+        for i, batch in enumerate(batches):
+            with self.ranks.no_sync(self.net, sync=i + 1 == len(batches)):
+                with autocast(self.precision, self.device):
+                    logits = self.net(batch.src, batch.prev)
+                loss, nll = label_smoothed_nll(logits, batch.target, tc.label_smoothing,
+                                               self.vocab.pad)
+                self.scaler.scale(loss * weight / ntokens).backward()
+            loss_sum += float(loss.detach()) * bool(weight)
+            nll_sum += float(nll.detach()) * bool(weight)
+        loss_sum, nll_sum = self.ranks.sum(loss_sum, nll_sum)
         self.scaler.unscale_(self.optimizer)
         if tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
@@ -285,13 +334,14 @@ class Trainer:
         (validation draws no random numbers, so resuming stays exact). True when early
         stopping triggers."""
         p, stop = self.progress, False
-        if self.cfg.train.run_validation and self.has_valid:
+        if self.cfg.train.run_validation and self.has_valid and self.ranks.is_main:
             improved = self.validate_and_keep_best()
             p.bad_epochs = 0 if improved else p.bad_epochs + 1
             patience = self.cfg.train.patience
             if patience and p.bad_epochs >= patience:
                 log.info("early stopping: no improvement for %d epochs", patience)
                 stop = True
+        stop = self.ranks.any(stop)[0]  # rank 0 validated: the others follow it
         p.epoch, p.batch = p.epoch + 1, 0
         self.save()
         return stop
@@ -312,25 +362,14 @@ class Trainer:
             return True
         return False
 
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Per-token validation loss/NLL and, with a ``valid_bleu`` scorer, BLEU."""
         self.model.eval()
         src, tgt = load_split(self.data_dir, "valid")
-        loss_sum = nll_sum = tokens = 0
-        for idx in make_batches(src.lengths, tgt.lengths, self.cfg.train.max_tokens, 0, 0,
-                                shuffle=False):
-            b = collate(idx, src, tgt, self.vocab.pad, self.vocab.bos, self.vocab.eos)
-            b = b.to(self.device)
-            with autocast(self.precision, self.device):
-                logits = self.model(b.src, b.prev)
-            loss, nll = label_smoothed_nll(logits, b.target, self.cfg.train.label_smoothing,
-                                           self.vocab.pad)
-            loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), \
-                tokens + b.ntokens
-        scores = {"loss": loss_sum / tokens, "nll": nll_sum / tokens}
+        scores = corpus_loss(self.model, (src, tgt), self.vocab, self.cfg.train.max_tokens,
+                             self.cfg.train.label_smoothing, self.precision, self.device)
         if self.valid_bleu is not None:
-            with autocast(self.precision, self.device):
+            with torch.no_grad(), autocast(self.precision, self.device):
                 scores["bleu"] = self.valid_bleu(self.model)
         return scores
 

@@ -1,0 +1,90 @@
+"""``xinda.train.distributed`` without torchrun: how an update's batches are shared out, the
+random streams of the ranks, and one process staying exactly as it was (no process group)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from xinda.errors import XindaError
+from xinda.train.distributed import Ranks, lost_contact
+
+
+def test_batches_are_dealt_round_robin_and_a_rank_left_out_gets_a_zero_weight_batch():
+    group = ["b0", "b1", "b2", "b3", "b4"]
+    assert Ranks(rank=0, world=2).share(group) == (["b0", "b2", "b4"], 2.0)
+    assert Ranks(rank=1, world=2).share(group) == (["b1", "b3"], 2.0)
+    assert Ranks(rank=2, world=3).share(["b0", "b1"]) == (["b0"], 0.0)  # nothing left: b0 x 0
+    assert Ranks().share(group) == (group, 1.0)
+    # every batch exactly once, whatever the split
+    for world in (1, 2, 3, 4):
+        dealt = [b for r in range(world) for b in Ranks(rank=r, world=world).share(group)[0]
+                 if Ranks(rank=r, world=world).share(group)[1]]
+        assert sorted(dealt) == group
+
+
+def test_one_process_has_no_process_group(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    ranks = Ranks.from_env("cpu", 30)
+    assert (ranks.rank, ranks.world, ranks.enabled, ranks.is_main) == (0, 1, False, True)
+    assert not dist.is_initialized()
+    assert ranks.sum(1.5, 2.0) == [1.5, 2.0]
+    assert ranks.any(True, False) == [True, False]
+    assert ranks.from_main({"a": 1}) == {"a": 1} and ranks.gather(3) == [3]
+    assert ranks.save_rng() is None
+    model = torch.nn.Linear(2, 2)
+    assert ranks.wrap(model, find_unused=False) is model
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc-per-node 1: the same
+    assert not Ranks.from_env("cpu", 30).enabled and not dist.is_initialized()
+
+
+def test_rank_streams_differ_and_are_derived_from_seed_rank_and_step():
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    Ranks(rank=0, world=2).seed_rank(7)
+    assert torch.equal(torch.get_rng_state(), before)  # rank 0 keeps the single process's
+    draws = {}
+    for rank, step in ((1, 0), (2, 0), (1, 5), (1, 0)):
+        Ranks(rank=rank, world=3).seed_rank(7, step)
+        draws.setdefault((rank, step), []).append(torch.rand(3))
+    assert torch.equal(*draws[(1, 0)])  # deterministic
+    assert not torch.equal(draws[(1, 0)][0], draws[(2, 0)][0])
+    assert not torch.equal(draws[(1, 0)][0], draws[(1, 5)][0])
+
+
+def test_restore_rng_takes_the_rank_s_own_state_or_derives_one():
+    states = []
+    for seed in (11, 12):
+        torch.manual_seed(seed)
+        states.append({"cpu": torch.get_rng_state()})
+    saved = {"world_size": 2, "rng": states}
+    Ranks(rank=1, world=2).restore_rng(saved, states[0]["cpu"], seed=1, step=4)
+    assert torch.equal(torch.get_rng_state(), states[1]["cpu"])
+    Ranks(rank=0, world=3).restore_rng(saved, states[0]["cpu"], seed=1, step=4)
+    assert torch.equal(torch.get_rng_state(), states[0]["cpu"])
+    Ranks(rank=1, world=3).restore_rng(saved, states[0]["cpu"], seed=1, step=4)  # new layout
+    derived = torch.get_rng_state()
+    Ranks(rank=1, world=3).seed_rank(1, 4)
+    assert torch.equal(derived, torch.get_rng_state())
+    Ranks().restore_rng(None, states[1]["cpu"], seed=1, step=4)  # a one-process checkpoint
+    assert torch.equal(torch.get_rng_state(), states[1]["cpu"])
+
+
+def test_lost_contact_names_the_rank_only_inside_a_process_group():
+    with pytest.raises(RuntimeError, match="gloo"), lost_contact(1):  # no group: untouched
+        raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer")
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(XindaError) as err, lost_contact(1):
+            raise RuntimeError("[third_party/gloo/pair.cc:553] Connection closed by peer "
+                               "[127.0.0.1]:1234. This is typically caused by a crash.")
+        assert str(err.value) == ("rank 1: lost contact with the other ranks (Connection closed "
+                                  "by peer [127.0.0.1]:1234); the job stops: continue it with "
+                                  "--resume")
+        with pytest.raises(RuntimeError, match="shapes"), lost_contact(1):  # not a collective
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    finally:
+        dist.destroy_process_group()

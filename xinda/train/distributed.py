@@ -1,0 +1,211 @@
+"""Data-parallel training with torch.distributed, launched by ``torchrun``.
+
+``torchrun --nproc_per_node N -m xinda.cli train CONFIG`` starts N processes (ranks) with
+``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` in their environment; ``Ranks.from_env`` then joins
+the process group (gloo on CPU, NCCL on CUDA with device ``cuda:LOCAL_RANK``) and the trainer
+wraps its model in DistributedDataParallel. Without that environment (or with one rank) it is
+one process and no process group, exactly as before.
+
+How the work is shared (see ``Trainer.train_epoch``):
+
+- Every rank builds the same batch list of an epoch (same seed). One update takes the next
+  ``ranks x update_freq`` batches and deals them out round-robin: rank r gets batches r, r+W,
+  r+2W, ... of the group. So W ranks with ``update_freq`` F train on exactly the batches of one
+  process with ``update_freq`` W x F, and ``Progress.batch`` (the next batch of the epoch) means
+  the same for every number of ranks. The effective batch is ``max_tokens x ranks x
+  update_freq`` tokens.
+- No batch is dropped: when the epoch's last group is short, a rank left without a batch runs
+  one with its loss multiplied by 0, so that every rank takes part in the gradient all-reduce.
+- Gradients are normalised by the target tokens of the whole group (every rank computes that
+  count from the sentence lengths it already has), and each rank's loss is multiplied by W
+  because DDP averages gradients over ranks: the update is the one of a single process that
+  accumulates the same batches.
+- Random numbers: the model is initialised from ``train.seed`` on every rank; then rank 0 keeps
+  that stream (it is the single process's) and rank r > 0 reseeds from (seed, r). Each rank's
+  generator state is saved in every checkpoint, so ``--resume`` with the same number of ranks is
+  exact; with another number, data position and weights are restored and the new ranks' streams
+  are derived from (seed, rank, step).
+- Only rank 0 writes (checkpoints, log.csv, curves, train_stats.json, the config copy) and
+  validates; the others wait for it at their next collective. Rank 0 reads the checkpoint on
+  ``--resume`` and sends it to the others, so the model directory need not be shared.
+- A rank that dies makes the others' next collective fail (at once when its connections close,
+  else after ``train.dist_timeout`` seconds): each survivor stops with one line naming its rank,
+  and torchrun ends the job. ``--resume`` continues from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from xinda.device import pick_device
+from xinda.errors import XindaError
+
+log = logging.getLogger("xinda")
+
+
+@dataclass
+class Ranks:
+    """This process's place among the ranks of a data-parallel job (one rank: no job)."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    owns_group: bool = False  # this object initialised the process group (and destroys it)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, device: str, timeout: float) -> Ranks:
+        """Join torchrun's process group when ``WORLD_SIZE`` > 1, else one plain process."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls(device=pick_device(device))
+        rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        where = pick_device(device)
+        if where.type == "cuda":
+            where = torch.device("cuda", local)
+            torch.cuda.set_device(where)
+        owns = not dist.is_initialized()
+        if owns:
+            with lost_contact(rank):
+                dist.init_process_group("nccl" if where.type == "cuda" else "gloo",
+                                        timeout=timedelta(seconds=timeout))
+        if rank > 0:  # one copy of the progress messages: rank 0's (warnings from all)
+            log.setLevel(logging.WARNING)
+        return cls(rank, world, where, owns)
+
+    # ------------------------------------------------------------------ collectives
+    def sum(self, *values: float) -> list[float]:
+        """Each value summed over the ranks (the values themselves with one rank)."""
+        if not self.enabled:
+            return list(values)
+        total = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(total)
+        return total.tolist()
+
+    def any(self, *flags: bool) -> list[bool]:
+        """For each flag, whether it is set on any rank (so that all ranks decide alike)."""
+        return [bool(total) for total in self.sum(*map(float, flags))]
+
+    def from_main(self, value):
+        """Rank 0's ``value``, on every rank (pickled between the ranks of this job only)."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, device=self.device)
+        return box[0]
+
+    def gather(self, value) -> list:
+        """Every rank's ``value``, in rank order (on every rank)."""
+        if not self.enabled:
+            return [value]
+        out = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ model and data
+    def wrap(self, model: torch.nn.Module, find_unused: bool) -> torch.nn.Module:
+        """``model`` in DistributedDataParallel (its weights copied from rank 0), or itself."""
+        if not self.enabled:
+            return model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        # buffers are constants (sinusoid tables): not sent at every forward
+        newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        buffers = {"forward_sync_buffers" if newer else "broadcast_buffers": False}
+        return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused,
+                                       **buffers)
+
+    def share(self, group: list) -> tuple[list, float]:
+        """This rank's batches of an update's ``group`` (r, r+W, ...) and its loss weight:
+        W (DDP averages), or 0 with the group's first batch when none is left for it."""
+        mine = group[self.rank::self.world]
+        return (mine, float(self.world)) if mine else (group[:1], 0.0)
+
+    @staticmethod
+    def no_sync(net: torch.nn.Module, sync: bool):
+        """Accumulate gradients locally (no all-reduce) unless ``sync``."""
+        if sync or not isinstance(net, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return net.no_sync()
+
+    # ------------------------------------------------------------------ random numbers
+    def seed_rank(self, seed: int, step: int = 0) -> None:
+        """Rank r > 0: its own generator stream, from (seed, r, step); rank 0 keeps its own."""
+        if self.rank > 0:
+            torch.manual_seed(int(np.random.SeedSequence([seed, self.rank, step])
+                                  .generate_state(1)[0]))
+
+    def rng_state(self) -> dict:
+        state = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+
+    def save_rng(self) -> dict | None:
+        """Every rank's generator states (collected on all ranks), for a checkpoint."""
+        states = self.gather(self.rng_state())
+        return {"world_size": self.world, "rng": states} if self.enabled else None
+
+    def restore_rng(self, saved: dict | None, cpu_rng: torch.Tensor, seed: int,
+                    step: int) -> None:
+        """Rank r's generators as saved; rank 0 from ``cpu_rng`` when no state of several ranks
+        was saved; otherwise (another number of ranks) derived from (seed, rank, step)."""
+        states = (saved or {}).get("rng") or []
+        if self.rank < len(states) and (saved["world_size"] == self.world or self.rank == 0):
+            self.set_rng_state(states[self.rank])
+        elif self.rank == 0:
+            torch.set_rng_state(cpu_rng)
+        else:
+            self.seed_rank(seed, step)
+        saved_world = (saved or {}).get("world_size", 1)
+        if saved_world != self.world and self.is_main:
+            log.warning("resuming with %d rank(s) a run saved with %d: weights, optimizer and "
+                        "data position are restored; the random numbers of ranks > 0 are new, "
+                        "so the run is not bitwise the one it would have been", self.world,
+                        saved_world)
+
+
+@contextlib.contextmanager
+def lost_contact(rank: int) -> Iterator[None]:
+    """Within a process group, a failed collective (a rank died or timed out: gloo raises a
+    RuntimeError naming itself, NCCL a DistError) becomes a one-line XindaError."""
+    try:
+        yield
+    except RuntimeError as err:
+        text = " ".join(str(err).split())
+        if not dist.is_initialized() or not (isinstance(err, dist.DistError)
+                                             or _COLLECTIVE_FAILED.search(text)):
+            raise
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0][:200]  # no "[file:line]"
+        raise XindaError(f"rank {rank}: lost contact with the other ranks ({reason}); the job "
+                         "stops: continue it with --resume") from None
+
+
+_COLLECTIVE_FAILED = re.compile(r"gloo|nccl|connection|timed out|timeout", re.IGNORECASE)
