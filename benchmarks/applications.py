@@ -182,6 +182,7 @@ def text_rows(app: str, res: dict) -> list[list[object]]:
     rows = []
     for split, m in res["tests"].items():
         cut = f"{m['inputs_cut']} / {m['sentences']}"
+        rows += baseline_rows(app, split, m.get("baseline"))
         if "bleu" in m:
             rows.append([*head, split, "beam", "BLEU (zh) / chrF",
                          f"{m['bleu']['score']:.2f} / {m['chrf']['score']:.2f}",
@@ -199,6 +200,19 @@ def text_rows(app: str, res: dict) -> list[list[object]]:
                                      fmt(scores), (f"{m[mode]['words_out']} words "
                                      f"(ref {m['words_ref']})"), cut])
     return rows
+
+
+def baseline_rows(app: str, split: str, base: dict | None) -> list[list[object]]:
+    """The rows of a text app's model-free baseline (no updates, no training)."""
+    if not base:
+        return []
+    head = [app, "–", "–", split, base["name"]]
+    if "bleu" in base:
+        return [[*head, "BLEU (zh) / chrF",
+                 f"{base['bleu']['score']:.2f} / {base['chrf']['score']:.2f}", "–", "–"]]
+    return [[*head, f"ROUGE-1/2/L vs {ref}",
+             " / ".join(f"{v['score']:.2f}" for v in base[ref].values()), "4 words", "–"]
+            for ref in ("original", "annotators")]
 
 
 def text_markdown(results: dict) -> str:

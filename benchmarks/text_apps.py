@@ -103,6 +103,23 @@ def answers(translator: Translator, test: Path, src: str, tgt: str, limit: int) 
             "inputs_cut": cut, "examples": _examples(questions, varied, refs)}
 
 
+def baseline(app: str, test: Path, src: str, tgt: str, limit: int) -> dict | None:
+    """A model-free reference point, scored like the model: the source copied (classical <->
+    modern share most characters) or the e-mail's first four words (the median subject has
+    three or four). None for QA (no sensible copy)."""
+    sources = list(read_lines(f"{test}.{src}"))[:limit or None]
+    refs = list(read_lines(f"{test}.{tgt}"))[:limit or None]
+    if TEXT_APPS[app][1] is translation:
+        bleu, chrf = corpus_scores(sources, refs, ("bleu", "chrf"), tokenize="zh")
+        return {"name": "copy the source", "bleu": _score(bleu), "chrf": _score(chrf)}
+    if TEXT_APPS[app][1] is summaries:
+        lead = [" ".join(doc.split()[:4]) for doc in sources]
+        annotators = [list(read_lines(f"{test}.ann{k}"))[:limit or None] for k in range(3)]
+        return {"name": "first 4 words", "original": _rouge(lead, refs),
+                "annotators": _rouge(lead, annotators)}
+    return None
+
+
 # app -> (shared corpus folder, scorer)
 TEXT_APPS: dict[str, tuple[str, Callable[..., dict]]] = {
     "classical-modern": ("classical-modern", translation),
@@ -117,6 +134,7 @@ def evaluate(app: str, workdir: Path, test: Path, limit: int = 0) -> dict:
     translator = Translator.load(workdir / "model")
     data = translator.cfg.data
     result = TEXT_APPS[app][1](translator, test, data.src_lang, data.tgt_lang, limit)
+    result["baseline"] = baseline(app, test, data.src_lang, data.tgt_lang, limit)
     manifest = json.loads((workdir / "data-bin" / "manifest.json").read_text())
     result["train_pairs_cut"] = manifest["filter_report"].get("truncated")
     return result
