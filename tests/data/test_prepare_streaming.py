@@ -112,7 +112,7 @@ def test_chunk_size_and_workers_do_not_change_the_output(tmp_path):
         manifest = prepare(cfg, log=lambda _: None)
         runs[name] = (output_files(cfg.out_dir), manifest["splits"], manifest["filter_report"])
     assert runs["one"] == runs["chunks"] == runs["workers"]
-    assert not list(tmp_path.glob(".bin.spool-*")) and not list(tmp_path.glob("*/.bin.spool-*"))
+    assert not list(tmp_path.glob("*/bin/.*"))  # no spool left behind
 
 
 def test_sentencepiece_trains_on_a_seeded_sample(tmp_path):
@@ -184,7 +184,7 @@ def test_misaligned_files_are_found_while_streaming(tmp_path, src_n, tgt_n, culp
         prepare(config(tmp_path, train=prefix, chunk_size=10), log=lambda _: None)
     assert str(info.value) == (f"{prefix}.{culprit}:{n}: ends after {n} lines but "
                                f"{prefix}.{other} has more")
-    assert not (tmp_path / "bin").exists() and not list(tmp_path.glob(".bin.*"))
+    assert not (tmp_path / "bin").exists()
 
 
 def test_duplicates_in_other_chunks_are_dropped(tmp_path):
@@ -197,3 +197,13 @@ def test_duplicates_in_other_chunks_are_dropped(tmp_path):
     vocabs = load_vocabularies(cfg.out_dir)
     assert [vocabs.src.decode(x.tolist()) for x in src] == [
         vocabs.src_text.preprocess(s) for s, _ in pairs]
+
+
+def test_a_second_prepare_into_the_same_directory_uses_its_own_model(tmp_path):
+    """The encoder's cached sentencepiece model is reloaded when the file is replaced."""
+    first = write_corpus(tmp_path / "a" / "train", make_pairs(120, seed=1))
+    second = write_corpus(tmp_path / "b" / "train", [(t, s) for s, t in make_pairs(150, seed=2)])
+    prepare(config(tmp_path, train=first), log=lambda _: None)
+    prepare(config(tmp_path, train=second), log=lambda _: None)
+    prepare(config(tmp_path / "fresh", train=second), log=lambda _: None)
+    assert output_files(tmp_path / "bin") == output_files(tmp_path / "fresh" / "bin")

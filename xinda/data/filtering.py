@@ -6,10 +6,10 @@ either side, an empty side, a side longer than ``data.max_len`` pieces, a length
 
 Deduplication is exact over the whole corpus, chunk after chunk, with bounded memory per pair:
 it keeps a set of 16-byte BLAKE2b digests of the raw pairs, not the text. That set is the one
-part of ``prepare`` that grows with the corpus: about 90 bytes per distinct kept pair (a 16-byte
-``bytes`` object of 49 bytes plus its set slot), so 100 million distinct pairs need ~9 GB; turn
-``data.dedup`` off for larger corpora, or deduplicate them beforehand. (A digest collision,
-which would drop a pair wrongly, has a chance of about n^2 / 2^129.)
+part of ``prepare`` that grows with the corpus: about 100 bytes per distinct kept pair (measured;
+a 49-byte ``bytes`` object, its set slot and allocator overhead), so 100 million distinct pairs
+need ~10 GB; turn ``data.dedup`` off for larger corpora, or deduplicate them beforehand. (A
+digest collision, which would drop a pair wrongly, has a chance of about n^2 / 2^129.)
 """
 
 from __future__ import annotations

@@ -199,11 +199,17 @@ def _binarise_eval_split(split: str, raw: Pair, pipes: dict[str, TextPipeline],
 
 @contextmanager
 def _spool_dir(out_dir: Path) -> Iterator[Path]:
-    """A temporary folder beside ``out_dir`` (on its disk, not in a memory-backed /tmp)."""
-    parent = out_dir.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.spool-", dir=parent) as tmp:
-        yield Path(tmp)
+    """A temporary folder inside ``out_dir`` (on the output's disk, not in a memory-backed
+    /tmp); ``out_dir`` goes again if this made it and nothing else was written."""
+    made = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".spool-", dir=out_dir) as tmp:
+            yield Path(tmp)
+    except BaseException:
+        if made and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
 
 
 def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], out_dir: Path
@@ -213,7 +219,6 @@ def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], out_dir: Pat
     files = corpus_files(cfg.train, cfg.src_lang, cfg.tgt_lang)
     with worker_pool(cfg.workers) as pool, _spool_dir(out_dir) as tmp:
         spool = spool_train(files, cfg, (pipes["src"], pipes["tgt"]), pool, tmp / "train.pkl")
-        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the end
         spm_files = build_spm(cfg, out_dir, spool.sample)
         spool.sample = ([], [])

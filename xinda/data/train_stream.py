@@ -2,7 +2,7 @@
 
 Pass 1 (``spool_train``) reads aligned chunks of ``data.chunk_size`` pairs, preprocesses them
 (control-character mask, normalisation, pre-tokenisation, deduplication keys) and appends each
-to a spool file beside the output directory, keeping a seeded reservoir sample of
+to a spool file in the output directory, keeping a seeded reservoir sample of
 ``data.spm_sample`` pairs for sentencepiece (every pair, in order, when the corpus is smaller).
 Pass 2 (``binarise_train``) encodes the spooled chunks with the trained model, truncates or
 filters them and appends them to the ``.npy`` arrays. Memory holds the sample, a few chunks and
@@ -77,12 +77,14 @@ class Spool:
     pairs: int = 0
     control: int = 0
     usable: int = 0  # pairs with two non-empty sides and no control character
-    sample: Pair = ([], [])
+    sample: Pair = field(default_factory=lambda: ([], []))
 
 
 @contextmanager
 def worker_pool(workers: int) -> Iterator[Pool | None]:
-    """A pool of ``workers`` processes (spawned: safe beside threads), or None for one."""
+    """A pool of ``workers`` processes, or None for one. They are spawned (safe beside
+    threads), so a script that calls ``prepare`` with workers needs the usual
+    ``if __name__ == "__main__":`` guard."""
     if workers <= 1:
         yield None
         return
@@ -116,8 +118,14 @@ def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipelin
 
 
 @lru_cache(maxsize=2)
-def _processor(model: str) -> spm.SentencePieceProcessor:
+def _cached_processor(model: str, stamp: tuple[int, int, int]) -> spm.SentencePieceProcessor:
     return Vocab(model).sp
+
+
+def _processor(model: str) -> spm.SentencePieceProcessor:
+    """The model at ``model``, loaded once per process and again when the file changes."""
+    st = Path(model).stat()
+    return _cached_processor(model, (st.st_ino, st.st_mtime_ns, st.st_size))
 
 
 def encode_chunk(models: tuple[str, str], spool: str, offset: int
