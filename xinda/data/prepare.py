@@ -7,6 +7,8 @@ Output directory layout (``cfg.out_dir``)::
     {split}.{side}.offsets.npy                    int64, n+1 offsets: sentence i = ids[o[i]:o[i+1]]
     {split}.{side}.txt                            valid/test only: the raw lines (refs, sources)
     manifest.json                                 written last: a directory with one is complete
+    .spool-*/                                     while it runs: the preprocessed training text
+                                                  (removed at the end, on errors and Ctrl-C)
 
 ``side`` is ``src`` or ``tgt``; ``split`` is ``train``, ``valid`` or a test-set name.
 Only ``train`` is filtered; valid and test sets keep every line (even empty ones).
@@ -46,13 +48,18 @@ from pathlib import Path
 import sentencepiece as spm
 
 from xinda.config import DataConfig
-from xinda.data.filtering import (  # noqa: F401 - filter_train, format_report: the public API
-    filter_train,
+from xinda.data.filtering import (
+    filter_train,  # noqa: F401 - re-exported for callers
     format_report,
     truncated_note,
 )
 from xinda.data.manifest import FORMAT_VERSION, MANIFEST, SIDES
-from xinda.data.stream import Pair, corpus_file, corpus_files, read_parallel  # noqa: F401
+from xinda.data.stream import (
+    Pair,
+    corpus_file,  # noqa: F401 - re-exported for callers
+    corpus_files,
+    read_parallel,
+)
 from xinda.data.text import TextPipeline
 from xinda.data.train_stream import (
     binarise_train,
