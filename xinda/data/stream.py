@@ -92,7 +92,7 @@ class Reservoir:
     def add(self, item: object) -> None:
         if self.seen < self.size:
             self._slots.append((self.seen, item))
-        else:
+        elif self.size:
             j = self._rng.randrange(self.seen + 1)
             if j < self.size:
                 self._slots[j] = (self.seen, item)

@@ -94,9 +94,11 @@ def worker_pool(workers: int) -> Iterator[Pool | None]:
 
 def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipeline, TextPipeline],
                 pool: Pool | None, path: Path) -> Spool:
-    """Pass 1: read and preprocess every chunk into ``path``; sample pairs for sentencepiece.
-    Fails (before anything is trained) if no pair has two non-empty sides."""
-    spool, reservoir = Spool(path), Reservoir(cfg.spm_sample, cfg.seed)
+    """Pass 1: read and preprocess every chunk into ``path``; sample pairs for sentencepiece
+    (unless ``data.spm_model`` gives one). Fails (before anything is trained) if no pair has
+    two non-empty sides."""
+    sample_size = 0 if cfg.spm_model else cfg.spm_sample  # a given model needs no sample
+    spool, reservoir = Spool(path), Reservoir(sample_size, cfg.seed)
     work = partial(preprocess_chunk, pipes, cfg.dedup)
     with open(path, "wb") as f:
         for chunk in ordered_map(work, read_chunks(files, cfg.chunk_size), pool, 2 * cfg.workers):
