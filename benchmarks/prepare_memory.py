@@ -37,14 +37,14 @@ LANGS = ("lzh", "zh")
 
 
 def timed(cmd: list[str], log_path: Path, code: Path) -> dict:
-    """Run cmd under /usr/bin/time -v with ``code`` (a xinda checkout) first on the path;
-    return wall seconds and peak RSS (MB)."""
+    """Run cmd under /usr/bin/time -v in ``code`` (a xinda checkout: ``python -m`` puts the
+    working directory first on the path); return wall seconds and peak RSS (MB)."""
     time_file = log_path.with_suffix(".time")
     start = time.time()
     env = {**os.environ, "PYTHONPATH": str(code)}  # that checkout, whatever is installed
     with log_path.open("w") as log:
         proc = subprocess.run(["/usr/bin/time", "-v", "-o", str(time_file), *cmd], check=False,
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
+                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=code)
     if proc.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{log_path.read_text()[-2000:]}")
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_file.read_text())
