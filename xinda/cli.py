@@ -55,11 +55,15 @@ def validated(cfg: ExperimentConfig, source: Path | str) -> ExperimentConfig:
 
 
 @command
-def prepare(config: Path, set_: SetOpt = None) -> None:
+def prepare(config: Path, set_: SetOpt = None,
+            workers: Annotated[int | None, typer.Option(
+                min=1, help="processes that preprocess and encode (data.workers)")] = None,
+            ) -> None:
     """Clean, pre-tokenise, learn sentencepiece and binarise the corpus of CONFIG's data."""
     from xinda.data.prepare import prepare as run_prepare
 
-    cfg = validated(load_config(config, set_ or []), config)
+    overrides = [*(set_ or []), *([f"data.workers={workers}"] if workers else [])]
+    cfg = validated(load_config(config, overrides), config)
     manifest = run_prepare(cfg.data)
     sizes = ", ".join(f"{k} {v['pairs']}" for k, v in manifest["splits"].items())
     print(f"prepared {cfg.data.out_dir}: {sizes}")

@@ -47,6 +47,10 @@ class DataConfig(Strict):
     long_pairs: Literal["drop", "truncate"] = "drop"  # or cut a side over max_len to max_len
     max_len_ratio: float = Field(3.0, gt=1)  # drop pairs whose length ratio exceeds this
     dedup: bool = True  # drop exact duplicate training pairs
+    # sentence pairs sampled (seeded by seed) for sentencepiece training; all when fewer
+    spm_sample: int = Field(1_000_000, ge=1)
+    chunk_size: int = Field(50_000, ge=1)  # pairs read, preprocessed and encoded at a time
+    workers: int = Field(1, ge=1)  # processes that preprocess and encode chunks
     seed: int = 1
 
 

@@ -7,6 +7,8 @@ Output directory layout (``cfg.out_dir``)::
     {split}.{side}.offsets.npy                    int64, n+1 offsets: sentence i = ids[o[i]:o[i+1]]
     {split}.{side}.txt                            valid/test only: the raw lines (refs, sources)
     manifest.json                                 written last: a directory with one is complete
+    .spool-*/                                     while it runs: the preprocessed training text
+                                                  (removed at the end, on errors and Ctrl-C)
 
 ``side`` is ``src`` or ``tgt``; ``split`` is ``train``, ``valid`` or a test-set name.
 Only ``train`` is filtered; valid and test sets keep every line (even empty ones).
@@ -25,6 +27,12 @@ cleaned is logged with the split and stored as ``control_chars_cleaned`` in its 
 ``manifest.json`` records ``vocab_sizes``, the number of pieces of each side's sentencepiece
 model; a trained model with fewer pieces than ``data.vocab_size`` (too little training text)
 is also logged as a warning.
+
+The training corpus is streamed (``xinda.data.train_stream``): sentencepiece trains on a seeded
+sample of ``data.spm_sample`` pairs (the whole corpus, in order, when it is smaller) and the
+arrays grow chunk by chunk, so memory does not grow with the corpus (except for the 16-byte
+deduplication digest per distinct pair, see ``xinda.data.filtering``). Valid and test sets are
+small and read whole. The output does not depend on ``data.chunk_size`` or ``data.workers``.
 """
 
 from __future__ import annotations
@@ -32,77 +40,43 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import sentencepiece as spm
 
 from xinda.config import DataConfig
-from xinda.data.arrays import TokenArrays
+from xinda.data.filtering import (
+    filter_train,  # noqa: F401 - re-exported for callers
+    format_report,
+    truncated_note,
+)
 from xinda.data.manifest import FORMAT_VERSION, MANIFEST, SIDES
+from xinda.data.stream import (
+    Pair,
+    corpus_file,  # noqa: F401 - re-exported for callers
+    corpus_files,
+    read_parallel,
+)
 from xinda.data.text import TextPipeline
+from xinda.data.train_stream import (
+    binarise_train,
+    encode_lines,
+    spool_train,
+    worker_pool,
+)
 from xinda.data.vocab import SPECIAL_IDS, Vocab
 from xinda.errors import XindaError
 from xinda.utils import (
     atomic_path,
     atomic_write_text,
     has_control_chars,
-    read_lines,
     replace_control_chars,
 )
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_ENCODE_CHUNK = 20_000
-
-Pair = tuple[list[str], list[str]]  # (src lines, tgt lines)
-
-
-# ---------------------------------------------------------------- encoding and reading
-
-
-def encode_lines(sp: spm.SentencePieceProcessor, lines: Sequence[str]) -> TokenArrays:
-    """Encode pre-tokenised lines in batches (no BOS/EOS)."""
-    parts = [
-        TokenArrays.from_sequences(sp.encode(list(lines[i:i + _ENCODE_CHUNK]), out_type=int))
-        for i in range(0, len(lines), _ENCODE_CHUNK)
-    ]
-    return TokenArrays.concat(parts)
-
-
-
-
-def corpus_file(prefix: str, lang: str) -> Path:
-    """``{prefix}.{lang}`` if it exists, else ``{prefix}.{lang}.gz``."""
-    plain = Path(f"{prefix}.{lang}")
-    gz = Path(f"{plain}.gz")
-    for path in (plain, gz):
-        if path.is_file():
-            return path
-    for path in (plain, gz):
-        if path.is_dir():
-            raise XindaError(f"{path}: is a directory, not a corpus file")
-    raise XindaError(f"{plain}: file not found (nor {gz})")
-
-
-def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pair:
-    """Read both sides of a parallel corpus, checking they are non-empty and aligned."""
-    paths = [corpus_file(prefix, src_lang), corpus_file(prefix, tgt_lang)]
-    sides = [list(read_lines(p)) for p in paths]
-    for path, lines in zip(paths, sides):
-        if not lines:
-            raise XindaError(f"{path}: empty corpus (no lines)")
-    if len(sides[0]) != len(sides[1]):
-        short, long_ = (0, 1) if len(sides[0]) < len(sides[1]) else (1, 0)
-        n = len(sides[short])
-        raise XindaError(f"{paths[short]}:{n}: ends after {n} lines but {paths[long_]} has more")
-    return sides[0], sides[1]
-
-
-def control_mask(pair: Pair) -> np.ndarray:
-    """True for each pair with a control character (Cc other than tab) on either side."""
-    return np.array([has_control_chars(s) or has_control_chars(t) for s, t in zip(*pair)],
-                    dtype=bool)
 
 
 def clean_control(pair: Pair) -> tuple[Pair, int]:
@@ -189,71 +163,6 @@ def build_spm(cfg: DataConfig, out_dir: Path, train_text: Pair) -> dict[str, str
     return names
 
 
-# ---------------------------------------------------------------- filtering
-
-
-def _report(read: int, dropped: dict[str, int]) -> dict:
-    return {"read": read, "kept": read - sum(dropped.values()), "dropped": dropped}
-
-
-def _dropped_counts(report: dict) -> str:
-    d = report["dropped"]
-    return (f"empty {d['empty']}, too long {d['too_long']}, length ratio {d['length_ratio']}, "
-            f"duplicate {d['duplicate']}, control characters {d['control_chars']}")
-
-
-def _truncated_note(counts: dict | None) -> str:
-    return (f"; cut to data.max_len: {counts['src']} sources, {counts['tgt']} targets"
-            if counts else "")
-
-
-def format_report(split: str, report: dict) -> str:
-    return (f"{split}: read {report['read']} pairs, kept {report['kept']}; dropped: "
-            f"{_dropped_counts(report)}{_truncated_note(report.get('truncated'))}")
-
-
-def _check_not_all_filtered(prefix: str, report: dict) -> None:
-    if report["kept"] == 0:
-        raise XindaError(
-            f"{prefix}: all {report['read']} training pairs were removed by filtering "
-            f"({_dropped_counts(report)}; see data.max_len, data.max_len_ratio)"
-        )
-
-
-def _first_occurrences(raw: Pair, candidates: np.ndarray) -> np.ndarray:
-    """Mask of candidate pairs that are not an exact repeat of an earlier candidate."""
-    seen: set[tuple[str, str]] = set()
-    first = np.zeros_like(candidates)
-    for i in np.flatnonzero(candidates):
-        pair = (raw[0][i], raw[1][i])
-        if pair not in seen:
-            seen.add(pair)
-            first[i] = True
-    return first
-
-
-def filter_train(raw: Pair, src: TokenArrays, tgt: TokenArrays, cfg: DataConfig,
-                 control: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-    """Keep-mask and report; each dropped pair is counted under its first failed check
-    (``control``, the pairs with control characters, first)."""
-    ls, lt = src.lengths, tgt.lengths
-    if control is None:
-        control = np.zeros(len(ls), dtype=bool)
-    empty = ~control & ((ls == 0) | (lt == 0))
-    too_long = ~control & ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
-    ok = ~control & ~empty & ~too_long
-    ratio = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
-    bad_ratio = ok & (ratio > cfg.max_len_ratio)
-    keep = ok & ~bad_ratio
-    duplicate = np.zeros_like(keep)
-    if cfg.dedup:
-        duplicate = keep & ~_first_occurrences(raw, keep)
-        keep &= ~duplicate
-    counts = {"empty": empty, "too_long": too_long, "length_ratio": bad_ratio,
-              "duplicate": duplicate, "control_chars": control}
-    return keep, _report(len(ls), {k: int(v.sum()) for k, v in counts.items()})
-
-
 # ---------------------------------------------------------------- prepare
 
 
@@ -262,22 +171,6 @@ def _pipelines(cfg: DataConfig) -> dict[str, TextPipeline]:
         "src": TextPipeline(cfg.normalize, cfg.lowercase, cfg.pretok_src, cfg.src_lang),
         "tgt": TextPipeline(cfg.normalize, cfg.lowercase, cfg.pretok_tgt, cfg.tgt_lang),
     }
-
-
-def _precheck_empty(prefix: str, text: Pair, control: np.ndarray) -> None:
-    """Fail before training sentencepiece if every training pair has an empty side or a
-    control character."""
-    n, n_control = len(text[0]), int(control.sum())
-    if not any(s and t and not c for s, t, c in zip(*text, control)):
-        _check_not_all_filtered(prefix, _report(n, {
-            "empty": n - n_control, "too_long": 0, "length_ratio": 0, "duplicate": 0,
-            "control_chars": n_control}))
-
-
-def _blank(text: Pair, mask: np.ndarray) -> Pair:
-    """``text`` with the masked pairs emptied (kept out of sentencepiece and the arrays)."""
-    src, tgt = (["" if m else x for x, m in zip(lines, mask)] for lines in text)
-    return src, tgt
 
 
 def _check_vocab_sizes(cfg: DataConfig, spm_files: dict[str, str], vocabs: dict[str, Vocab],
@@ -292,64 +185,76 @@ def _check_vocab_sizes(cfg: DataConfig, spm_files: dict[str, str], vocabs: dict[
     return sizes
 
 
-def _binarise_split(split: str, raw: Pair, text: Pair, vocabs: dict[str, Vocab],
-                    cfg: DataConfig, out_dir: Path,
-                    control: np.ndarray | None = None) -> tuple[dict, dict | None]:
-    """Encode, filter (train only) and write one split; return its stats and filter report."""
-    src, tgt = (encode_lines(vocabs[side].sp, lines) for side, lines in zip(SIDES, text))
+def _binarise_eval_split(split: str, raw: Pair, pipes: dict[str, TextPipeline],
+                         vocabs: dict[str, Vocab], cfg: DataConfig, out_dir: Path) -> dict:
+    """Preprocess, encode and write a valid or test split (every line kept); its stats."""
+    src, tgt = (encode_lines(vocabs[side].sp, pipes[side].preprocess_many(lines))
+                for side, lines in zip(SIDES, raw))
     truncated = None
     if cfg.long_pairs == "truncate":
         (src, n_src), (tgt, n_tgt) = src.truncate(cfg.max_len), tgt.truncate(cfg.max_len)
         truncated = {"src": n_src, "tgt": n_tgt}
-    report = None
-    if split == "train":
-        keep, report = filter_train(raw, src, tgt, cfg, control)
-        _check_not_all_filtered(cfg.train, report)
-        src, tgt = src.select(keep), tgt.select(keep)
-        if truncated:
-            report["truncated"] = truncated
-    else:
-        for side, lines in zip(SIDES, raw):
-            atomic_write_text(out_dir / f"{split}.{side}.txt", "".join(f"{x}\n" for x in lines))
+    for side, lines in zip(SIDES, raw):
+        atomic_write_text(out_dir / f"{split}.{side}.txt", "".join(f"{x}\n" for x in lines))
     src.save(out_dir, f"{split}.src")
     tgt.save(out_dir, f"{split}.tgt")
     stats = {"pairs": len(src), "src_tokens": int(src.ids.size), "tgt_tokens": int(tgt.ids.size)}
     if truncated:
         stats["truncated"] = truncated
-    return stats, report
+    return stats
+
+
+@contextmanager
+def _spool_dir(out_dir: Path) -> Iterator[Path]:
+    """A temporary folder inside ``out_dir`` (on the output's disk, not in a memory-backed
+    /tmp); ``out_dir`` goes again if this made it and nothing else was written."""
+    made = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".spool-", dir=out_dir) as tmp:
+            yield Path(tmp)
+    except BaseException:
+        if made and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+
+
+def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], out_dir: Path
+                   ) -> tuple[dict[str, str], dict, dict]:
+    """Stream the training corpus: sentencepiece model(s), then arrays. Returns the model
+    files, the split's stats and the filter report."""
+    files = corpus_files(cfg.train, cfg.src_lang, cfg.tgt_lang)
+    with worker_pool(cfg.workers) as pool, _spool_dir(out_dir) as tmp:
+        spool = spool_train(files, cfg, (pipes["src"], pipes["tgt"]), pool, tmp / "train.pkl")
+        (out_dir / MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the end
+        spm_files = build_spm(cfg, out_dir, spool.sample)
+        spool.sample = ([], [])
+        models = (str(out_dir / spm_files["src"]), str(out_dir / spm_files["tgt"]))
+        stats, report = binarise_train(spool, models, cfg, out_dir, pool)
+    return spm_files, stats, report
 
 
 def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
     """Run the whole ``xinda prepare`` pipeline; write ``cfg.out_dir`` and return the manifest."""
     prefixes = _split_prefixes(cfg)
-    raw = {split: read_parallel(p, cfg.src_lang, cfg.tgt_lang) for split, p in prefixes.items()}
-    control = control_mask(raw["train"])
-    cleaned = {}
-    for split in [name for name in raw if name != "train"]:
-        raw[split], cleaned[split] = clean_control(raw[split])
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the end
-    pipes = _pipelines(cfg)
-    text = {split: tuple(pipes[side].preprocess_many(lines) for side, lines in zip(SIDES, pair))
-            for split, pair in raw.items()}
-    text["train"] = _blank(text["train"], control)
-    _precheck_empty(cfg.train, text["train"], control)
-    spm_files = build_spm(cfg, out_dir, text["train"])
+    for prefix in prefixes.values():  # a missing file fails at once
+        corpus_files(prefix, cfg.src_lang, cfg.tgt_lang)
+    raw, cleaned = {}, {}
+    for split in list(prefixes)[1:]:  # valid and test sets: small, read whole
+        raw[split], cleaned[split] = clean_control(
+            read_parallel(prefixes[split], cfg.src_lang, cfg.tgt_lang))
+    out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg)
+    spm_files, train_stats, filter_report = _prepare_train(cfg, pipes, out_dir)
     vocabs = {side: Vocab(out_dir / spm_files[side]) for side in SIDES}
     vocab_sizes = _check_vocab_sizes(cfg, spm_files, vocabs, log)
-    splits, filter_report = {}, {}
+    log(format_report("train", filter_report))
+    splits = {"train": train_stats}
     for split, pair in raw.items():
-        splits[split], report = _binarise_split(split, pair, text[split], vocabs, cfg, out_dir,
-                                                control if split == "train" else None)
-        if report is not None:
-            filter_report = report
-            log(format_report(split, report))
-        else:
-            splits[split]["control_chars_cleaned"] = cleaned[split]
-            note = (f"; {cleaned[split]} lines with control characters cleaned"
-                    if cleaned[split] else "") + _truncated_note(splits[split].get("truncated"))
-            log(f"{split}: {splits[split]['pairs']} pairs (not filtered{note})")
+        splits[split] = _binarise_eval_split(split, pair, pipes, vocabs, cfg, out_dir)
+        splits[split]["control_chars_cleaned"] = cleaned[split]
+        note = (f"; {cleaned[split]} lines with control characters cleaned"
+                if cleaned[split] else "") + truncated_note(splits[split].get("truncated"))
+        log(f"{split}: {splits[split]['pairs']} pairs (not filtered{note})")
     manifest = {
         "format_version": FORMAT_VERSION,
         "src_lang": cfg.src_lang,

@@ -1,0 +1,209 @@
+"""Streaming ``xinda prepare``: the chunked result equals the whole-corpus (in-memory) pipeline,
+does not depend on the chunk size or the number of workers, samples sentencepiece's text with
+a seeded reservoir and finds misaligned files while streaming."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xinda.config import DataConfig
+from xinda.data.arrays import TokenArrays
+from xinda.data.manifest import load_split, load_vocabularies
+from xinda.data.prepare import filter_train, prepare, train_spm
+from xinda.data.stream import NpyAppender, Reservoir
+from xinda.data.text import TextPipeline
+from xinda.data.train_stream import control_mask, encode_lines
+from xinda.errors import XindaError
+
+WORDS = {"the": "der", "a": "ein", "cat": "katze", "dog": "hund", "man": "mann", "sees": "sieht",
+         "likes": "mag", "big": "groß", "small": "klein", "red": "rot", "house": "haus"}
+
+
+def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` distinct word-by-word 'translations' of 3-8 words."""
+    rng, seen = random.Random(seed), {}
+    while len(seen) < n:
+        words = rng.choices(list(WORDS), k=rng.randint(3, 8))
+        seen[" ".join(words).capitalize() + "."] = " ".join(WORDS[w] for w in words) + "."
+    return list(seen.items())
+
+
+def write_corpus(prefix: Path, pairs: list[tuple[str, str]]) -> str:
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    for lang, k in (("en", 0), ("de", 1)):
+        (prefix.parent / f"{prefix.name}.{lang}").write_text(
+            "".join(f"{p[k]}\n" for p in pairs), encoding="utf-8")
+    return str(prefix)
+
+
+def config(tmp_path: Path, **kw) -> DataConfig:
+    base = {"src_lang": "en", "tgt_lang": "de", "vocab_size": 80, "out_dir": str(tmp_path / "bin"),
+            "pretok_src": "moses", "pretok_tgt": "moses"}
+    return DataConfig(**(base | kw))
+
+
+def crafted_pairs() -> list[tuple[str, str]]:
+    """Pairs that every filter drops somewhere, duplicates far apart (other chunks)."""
+    pairs = make_pairs(240, seed=11)
+    long_en = " ".join(["the big red cat"] * 12) + "."
+    pairs[5] = ("The dog runs.", "")
+    pairs[17] = (long_en, long_en.replace("the big red cat", "der groß rot katze"))
+    pairs[30] = ("Dog.", "Der hund und die katze und der mann und das auto und das haus.")
+    pairs[41] = ("The\x00 cat.", "Die katze.")
+    return pairs + pairs[100:110] + [pairs[3], pairs[3]] + pairs[200:205]
+
+
+def reference(cfg, pairs) -> dict:
+    """The whole-corpus pipeline, as ``prepare`` was before streaming: one list per side."""
+    raw = ([s for s, _ in pairs], [t for _, t in pairs])
+    control = control_mask(raw)
+    pipes = [TextPipeline(cfg.normalize, cfg.lowercase, p, lang) for p, lang in
+             ((cfg.pretok_src, cfg.src_lang), (cfg.pretok_tgt, cfg.tgt_lang))]
+    text = [["" if c else pipe.preprocess(x) for x, c in zip(lines, control)]
+            for pipe, lines in zip(pipes, raw)]
+    model = train_spm([x for side in text for x in side if x], cfg)
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    src, tgt = (encode_lines(sp, side) for side in text)
+    keep, report = filter_train(raw, src, tgt, cfg, control)
+    return {"model": model, "src": src.select(keep), "tgt": tgt.select(keep), "report": report}
+
+
+def same_arrays(a: TokenArrays, b: TokenArrays) -> bool:
+    return np.array_equal(a.ids, b.ids) and np.array_equal(a.offsets, b.offsets)
+
+
+def test_chunked_prepare_equals_the_whole_corpus_pipeline(tmp_path):
+    pairs = crafted_pairs()
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", pairs), max_len=40,
+                 chunk_size=16)
+    manifest = prepare(cfg, log=lambda _: None)
+    ref = reference(cfg, pairs)
+    assert (tmp_path / "bin" / "spm.model").read_bytes() == ref["model"]
+    src, tgt = load_split(cfg.out_dir, "train")
+    assert same_arrays(src, ref["src"]) and same_arrays(tgt, ref["tgt"])
+    assert manifest["filter_report"] == ref["report"]
+    dropped = ref["report"]["dropped"]
+    assert dropped["duplicate"] == 17 and min(dropped.values()) == 1  # every filter at work
+    assert manifest["splits"]["train"] == {"pairs": len(src), "src_tokens": int(src.ids.size),
+                                           "tgt_tokens": int(tgt.ids.size)}
+
+
+def output_files(out_dir) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(out_dir).iterdir())
+            if p.name != "manifest.json"}
+
+
+def test_chunk_size_and_workers_do_not_change_the_output(tmp_path):
+    pairs = crafted_pairs()
+    train = write_corpus(tmp_path / "train", pairs)
+    valid = write_corpus(tmp_path / "valid", make_pairs(12, seed=2))
+    runs = {}
+    for name, kw in {"one": {}, "chunks": {"chunk_size": 7},
+                     "workers": {"chunk_size": 13, "workers": 2}}.items():
+        cfg = config(tmp_path / name, train=train, valid=valid, max_len=40,
+                     long_pairs="truncate", **kw)
+        manifest = prepare(cfg, log=lambda _: None)
+        runs[name] = (output_files(cfg.out_dir), manifest["splits"], manifest["filter_report"])
+    assert runs["one"] == runs["chunks"] == runs["workers"]
+    assert not list(tmp_path.glob("*/bin/.*"))  # no spool left behind
+
+
+def test_sentencepiece_trains_on_a_seeded_sample(tmp_path):
+    train = write_corpus(tmp_path / "train", make_pairs(300, seed=4))
+    models = {}
+    for name, kw in {"all": {}, "a": {"spm_sample": 40}, "b": {"spm_sample": 40},
+                     "seed": {"spm_sample": 40, "seed": 2}}.items():
+        cfg = config(tmp_path / name, train=train, vocab_size=60, chunk_size=32, **kw)
+        manifest = prepare(cfg, log=lambda _: None)
+        models[name] = (Path(cfg.out_dir) / "spm.model").read_bytes()
+        assert manifest["splits"]["train"]["pairs"] == 300  # the sample is only for the model
+    assert models["a"] == models["b"]  # seeded
+    assert len({models["all"], models["a"], models["seed"]}) == 3
+    vocabs = load_vocabularies(tmp_path / "a" / "bin")
+    src, _ = load_split(tmp_path / "a" / "bin", "train")
+    first = make_pairs(300, seed=4)[0][0]
+    assert vocabs.src.decode(src[0].tolist()) == vocabs.src_text.preprocess(first)
+
+
+def test_reservoir_keeps_a_small_stream_whole_and_samples_a_large_one_in_order():
+    small = Reservoir(10, seed=1)
+    for x in range(7):
+        small.add(x)
+    assert small.items() == list(range(7))
+    counts = np.zeros(100)
+    for seed in range(300):
+        big = Reservoir(10, seed=seed)
+        for x in range(100):
+            big.add(x)
+        items = big.items()
+        assert len(items) == 10 and items == sorted(items)
+        counts[items] += 1
+    assert counts.min() > 10 and counts.max() < 60  # ~uniform: each kept 30 times of 300
+    again = Reservoir(10, seed=5)
+    for x in range(100):
+        again.add(x)
+    reference_run = Reservoir(10, seed=5)
+    for x in range(100):
+        reference_run.add(x)
+    assert again.items() == reference_run.items()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_npy_appender_writes_what_np_save_writes(dtype):
+    rng = random.Random(0)
+    chunks = [np.array([rng.randrange(-9, 10**6) for _ in range(n)], dtype=dtype)
+              for n in (0, 5, 1, 0, 300)]
+    for parts in (chunks, chunks[:1], [np.arange(10**5, dtype=dtype)]):
+        expected, got = io.BytesIO(), io.BytesIO()
+        np.save(expected, np.concatenate(parts))
+        writer = NpyAppender(got, dtype)
+        for part in parts:
+            writer.append(part)
+        writer.finish()
+        assert got.getvalue() == expected.getvalue()
+
+
+@pytest.mark.parametrize("src_n, tgt_n, culprit", [(57, 60, "en"), (60, 50, "de"),
+                                                    (40, 41, "en"), (30, 29, "de")])
+def test_misaligned_files_are_found_while_streaming(tmp_path, src_n, tgt_n, culprit):
+    pairs = make_pairs(60, seed=8)
+    prefix = write_corpus(tmp_path / "train", pairs)
+    for lang, n, k in (("en", src_n, 0), ("de", tgt_n, 1)):
+        (tmp_path / f"train.{lang}").write_text("".join(p[k] + "\n" for p in pairs[:n]),
+                                                encoding="utf-8")
+    other = "de" if culprit == "en" else "en"
+    n = min(src_n, tgt_n)
+    with pytest.raises(XindaError) as info:
+        prepare(config(tmp_path, train=prefix, chunk_size=10), log=lambda _: None)
+    assert str(info.value) == (f"{prefix}.{culprit}:{n}: ends after {n} lines but "
+                               f"{prefix}.{other} has more")
+    assert not (tmp_path / "bin").exists()
+
+
+def test_duplicates_in_other_chunks_are_dropped(tmp_path):
+    pairs = make_pairs(50, seed=9)
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", pairs + pairs[::-1]),
+                 chunk_size=6)
+    report = prepare(cfg, log=lambda _: None)["filter_report"]
+    assert report["kept"] == 50 and report["dropped"]["duplicate"] == 50
+    src, _ = load_split(cfg.out_dir, "train")
+    vocabs = load_vocabularies(cfg.out_dir)
+    assert [vocabs.src.decode(x.tolist()) for x in src] == [
+        vocabs.src_text.preprocess(s) for s, _ in pairs]
+
+
+def test_a_second_prepare_into_the_same_directory_uses_its_own_model(tmp_path):
+    """The encoder's cached sentencepiece model is reloaded when the file is replaced."""
+    first = write_corpus(tmp_path / "a" / "train", make_pairs(120, seed=1))
+    second = write_corpus(tmp_path / "b" / "train", [(t, s) for s, t in make_pairs(150, seed=2)])
+    prepare(config(tmp_path, train=first), log=lambda _: None)
+    prepare(config(tmp_path, train=second), log=lambda _: None)
+    prepare(config(tmp_path / "fresh", train=second), log=lambda _: None)
+    assert output_files(tmp_path / "bin") == output_files(tmp_path / "fresh" / "bin")

@@ -1,0 +1,105 @@
+"""Filtering of training pairs (``xinda prepare``) and its report.
+
+A pair is dropped, and counted under the first check it fails, for: a control character on
+either side, an empty side, a side longer than ``data.max_len`` pieces, a length ratio over
+``data.max_len_ratio``, or (``data.dedup``) being an exact repeat of an earlier kept pair.
+
+Deduplication is exact over the whole corpus, chunk after chunk, with bounded memory per pair:
+it keeps a set of 16-byte BLAKE2b digests of the raw pairs, not the text. That set is the one
+part of ``prepare`` that grows with the corpus: about 100 bytes per distinct kept pair (measured;
+a 49-byte ``bytes`` object, its set slot and allocator overhead), so 100 million distinct pairs
+need ~10 GB; turn ``data.dedup`` off for larger corpora, or deduplicate them beforehand. (A
+digest collision, which would drop a pair wrongly, has a chance of about n^2 / 2^129.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from xinda.config import DataConfig
+from xinda.data.arrays import TokenArrays
+from xinda.errors import XindaError
+
+Pair = tuple[list[str], list[str]]  # (src lines, tgt lines)
+FILTERS = ("empty", "too_long", "length_ratio", "duplicate", "control_chars")
+
+
+def pair_keys(raw: Pair) -> list[bytes]:
+    """The deduplication key of each raw pair: a 16-byte digest of both sides."""
+    return [hashlib.blake2b(f"{s}\n{t}".encode(), digest_size=16).digest()
+            for s, t in zip(*raw)]  # no line holds "\n": the split between sides is exact
+
+
+def _first_occurrences(keys: Sequence[bytes], candidates: np.ndarray,
+                       seen: set[bytes]) -> np.ndarray:
+    """Mask of candidate pairs whose key is not in ``seen`` nor an earlier candidate's; the
+    candidates' keys are added to ``seen``."""
+    first = np.zeros_like(candidates)
+    for i in np.flatnonzero(candidates):
+        if keys[i] not in seen:
+            seen.add(keys[i])
+            first[i] = True
+    return first
+
+
+def filter_chunk(keys: Sequence[bytes] | None, src: TokenArrays, tgt: TokenArrays,
+                 cfg: DataConfig, control: np.ndarray, seen: set[bytes]
+                 ) -> tuple[np.ndarray, dict[str, int]]:
+    """Keep-mask and dropped counts of one chunk; ``seen`` carries deduplication across chunks
+    (``keys`` is needed only with ``data.dedup``)."""
+    ls, lt = src.lengths, tgt.lengths
+    empty = ~control & ((ls == 0) | (lt == 0))
+    too_long = ~control & ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
+    ok = ~control & ~empty & ~too_long
+    ratio = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
+    bad_ratio = ok & (ratio > cfg.max_len_ratio)
+    keep = ok & ~bad_ratio
+    duplicate = np.zeros_like(keep)
+    if cfg.dedup:
+        duplicate = keep & ~_first_occurrences(keys, keep, seen)
+        keep &= ~duplicate
+    counts = {"empty": empty, "too_long": too_long, "length_ratio": bad_ratio,
+              "duplicate": duplicate, "control_chars": control}
+    return keep, {k: int(v.sum()) for k, v in counts.items()}
+
+
+def filter_train(raw: Pair, src: TokenArrays, tgt: TokenArrays, cfg: DataConfig,
+                 control: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """Keep-mask and report of a whole (in-memory) corpus; each dropped pair is counted under
+    its first failed check (``control``, the pairs with control characters, first)."""
+    if control is None:
+        control = np.zeros(len(src), dtype=bool)
+    keys = pair_keys(raw) if cfg.dedup else None
+    keep, dropped = filter_chunk(keys, src, tgt, cfg, control, set())
+    return keep, report(len(src), dropped)
+
+
+def report(read: int, dropped: dict[str, int]) -> dict:
+    return {"read": read, "kept": read - sum(dropped.values()), "dropped": dropped}
+
+
+def dropped_counts(report: dict) -> str:
+    d = report["dropped"]
+    return (f"empty {d['empty']}, too long {d['too_long']}, length ratio {d['length_ratio']}, "
+            f"duplicate {d['duplicate']}, control characters {d['control_chars']}")
+
+
+def truncated_note(counts: dict | None) -> str:
+    return (f"; cut to data.max_len: {counts['src']} sources, {counts['tgt']} targets"
+            if counts else "")
+
+
+def format_report(split: str, report: dict) -> str:
+    return (f"{split}: read {report['read']} pairs, kept {report['kept']}; dropped: "
+            f"{dropped_counts(report)}{truncated_note(report.get('truncated'))}")
+
+
+def check_not_all_filtered(prefix: str, report: dict) -> None:
+    if report["kept"] == 0:
+        raise XindaError(
+            f"{prefix}: all {report['read']} training pairs were removed by filtering "
+            f"({dropped_counts(report)}; see data.max_len, data.max_len_ratio)"
+        )
