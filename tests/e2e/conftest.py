@@ -7,37 +7,19 @@ pairs, ~60 updates, single-threaded torch in every subprocess.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from subprocesses import subprocess_env, xinda_command
 
 from xinda.demo.numbers import write_demo_corpus
 
 PIPELINE_STEPS = 60
 TINY_MODEL = {"arch": "transformer", "d_model": 32, "heads": 2, "ffn_dim": 64,
               "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.1}
-
-
-def xinda_command() -> list[str]:
-    """The venv's ``xinda`` script (works without an activated venv), else ``python -m``."""
-    script = Path(sys.executable).with_name("xinda")
-    if script.is_file():
-        return [str(script)]
-    found = shutil.which("xinda")
-    return [found] if found else [sys.executable, "-m", "xinda.cli"]
-
-
-def subprocess_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONIOENCODING="utf-8", TQDM_DISABLE="1")
-    return env
 
 
 def run_xinda(*args: str | Path, input: str | None = None, cwd: Path | None = None,

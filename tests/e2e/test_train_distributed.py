@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from subprocesses import subprocess_env
 
 from xinda.checkpoint import list_checkpoints, load_state, state_json, state_tensors
 from xinda.config import load_config
@@ -32,12 +33,6 @@ TRAIN = {"max_tokens": MAX_TOKENS, "threads": 1, "keep_last": 50, "log_every": 1
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available()
                                 or not torch.distributed.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
-
-
-def subprocess_env() -> dict[str, str]:
-    """One thread per rank, no progress bars (as the other end-to-end tests run xinda)."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", "TQDM_DISABLE": "1"}
 
 
 def torchrun(*args: str | Path, nproc: int = 2) -> list[str]:

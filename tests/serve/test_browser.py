@@ -18,9 +18,7 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +28,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from subprocesses import free_port, subprocess_env, xinda_command
 
 STATIC = Path(__file__).resolve().parents[2] / "xinda" / "serve" / "static"
 SENTENCE = "three thousand seven hundred ninety"
@@ -118,20 +117,6 @@ def driver():
         browser.quit()
 
 
-def _xinda() -> list[str]:
-    script = Path(sys.executable).with_name("xinda")
-    if script.is_file():
-        return [str(script)]
-    found = shutil.which("xinda")
-    return [found] if found else [sys.executable, "-m", "xinda.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
@@ -151,13 +136,12 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 def _serving(model_dir: Path, log_dir: Path, *options: str) -> Iterator[str]:
     """``xinda serve model_dir OPTIONS`` on a free loopback port, healthy -> its base URL (ends
     in "/"); stopped on exit."""
-    port = _free_port()
+    port = free_port()
     log_path = log_dir / f"server-{port}.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONIOENCODING="utf-8", TQDM_DISABLE="1")
+    env = subprocess_env()
     base = f"http://127.0.0.1:{port}/"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([*_xinda(), "serve", str(model_dir), "--port", str(port),
+        proc = subprocess.Popen([*xinda_command(), "serve", str(model_dir), "--port", str(port),
                                  *options], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + STARTUP_S

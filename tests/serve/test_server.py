@@ -5,43 +5,20 @@ it exits. Plus the start-up refusals, each one line on stderr. Every loop here i
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from subprocesses import free_port, subprocess_env, xinda_command
 
 STARTUP_S = 120  # imports torch and loads the model on a busy machine
 REQUEST_S = 60
 LINES = ["one", "two hundred", "three thousand", "forty-two", "seven", "ninety nine"]
-
-
-def xinda_command() -> list[str]:
-    script = Path(sys.executable).with_name("xinda")
-    if script.is_file():
-        return [str(script)]
-    found = shutil.which("xinda")
-    return [found] if found else [sys.executable, "-m", "xinda.cli"]
-
-
-def env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", **extra}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def call(url: str, body: dict | None = None) -> tuple[int, str]:
@@ -68,7 +45,7 @@ def server(served_model_dir, tmp_path):
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([*xinda_command(), "serve", str(served_model_dir), "--port",
                                  str(port), "--max-wait-ms", "2000", "--threads", "1"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env())
+                                stdout=log, stderr=subprocess.STDOUT, env=subprocess_env())
     base = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + STARTUP_S
@@ -119,7 +96,7 @@ def test_concurrent_requests_then_sigterm_lets_the_request_in_flight_finish(serv
 ])
 def test_refusals_at_start_are_one_line(served_model_dir, args, fragment):
     proc = subprocess.run([*xinda_command(), "serve", str(served_model_dir), *args],
-                          capture_output=True, text=True, timeout=120, env=env(XINDA_API_KEY=""),
+                          capture_output=True, text=True, timeout=120, env=subprocess_env(XINDA_API_KEY=""),
                           check=False)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -129,6 +106,6 @@ def test_refusals_at_start_are_one_line(served_model_dir, args, fragment):
 
 def test_a_missing_model_directory_is_one_line(tmp_path):
     proc = subprocess.run([*xinda_command(), "serve", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=120, env=env(), check=False)
+                          capture_output=True, text=True, timeout=120, env=subprocess_env(), check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("xinda: error:")
