@@ -111,7 +111,7 @@ def translate(
     beam: Annotated[int | None, typer.Option(help="beam size; 1 = greedy")] = None,
     alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
     coverage: Annotated[float | None, typer.Option(help="GNMT coverage penalty beta")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | auto")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | int8 | auto")] = None,
     nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
                      ] = None,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,

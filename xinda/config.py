@@ -101,7 +101,8 @@ class DecodeConfig(Strict):
     batch_size: int = Field(64, ge=1)  # sentences per batch (sorted by length)
     max_input_len: int = Field(250, ge=1)  # longer inputs are truncated with a warning
     nbest: int = Field(1, ge=1)
-    precision: Literal["fp32", "bf16", "auto"] = "fp32"  # auto: bf16 where it is fast
+    # auto: bf16 where it is fast; int8: dynamic int8 linear layers on CPU (xinda.models.quantize)
+    precision: Literal["fp32", "bf16", "int8", "auto"] = "fp32"
     # sampling instead of beam search (xinda.decode.sampling; `xinda translate --sampling`)
     sampling: bool = False
     temperature: float = Field(1.0, gt=0)  # divides the log-probabilities (-> 0: greedy)

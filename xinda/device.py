@@ -33,7 +33,9 @@ def pick_precision(name: str, device: torch.device) -> str:
 
 
 def autocast(precision: str, device: torch.device):
-    if precision == "fp32":
+    """The autocast context of a precision (none for fp32, and for int8, whose layers say
+    their own types)."""
+    if precision in ("fp32", "int8"):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)

@@ -12,6 +12,7 @@ import torch
 
 from xinda.config import DecodeConfig
 from xinda.decode.search import beam_search, greedy_search, length_penalty, max_lengths
+from xinda.models.base import EncoderOut, SharedEncoderOut
 
 TINY = {"arch": "transformer", "d_model": 32, "heads": 4, "ffn_dim": 64,
         "encoder_layers": 2, "decoder_layers": 2, "tie_output": False}
@@ -288,3 +289,28 @@ def test_no_attention_unless_asked(tiny_model, make_src):
     src = make_src([4, 2], 0)
     assert all(h.attention is None for h in greedy_search(model, src, DecodeConfig()))
     assert all(h[0].attention is None for h in beam_search(model, src, DecodeConfig(beam=2)))
+
+
+@pytest.mark.parametrize(("need_attention", "coverage"), [(False, 0.0), (True, 0.0),
+                                                          (True, 0.4)])
+def test_shared_encoder_output_decodes_as_copied_rows(need_attention, coverage, tiny_model,
+                                                      make_src, monkeypatch):
+    """The Transformer's beams share one memory row per sentence (``SharedEncoderOut``): the
+    hypotheses, scores and attention equal those of an encoder output copied per beam, also
+    when sentences finish (and leave the batch) at different steps."""
+    model = tiny_model(2)
+    src = make_src(LENGTHS, 2)
+    dec = DecodeConfig(beam=3, nbest=3, coverage=coverage)
+    shared = beam_search(model, src, dec, need_attention=need_attention)
+    encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda s: EncoderOut(encode(s).memory,
+                                                              encode(s).src_pad))
+    copied = beam_search(model, src, dec, need_attention=need_attention)
+    assert isinstance(encode(src), SharedEncoderOut)
+    assert len({max(len(h.tokens) for h in hyps) for hyps in shared}) > 1  # end at different steps
+    for ours, theirs in zip(shared, copied):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-5)
+        if need_attention:
+            for a, b in zip(ours, theirs):
+                torch.testing.assert_close(a.attention, b.attention)

@@ -154,3 +154,15 @@ def test_a_model_config_that_asks_for_sampling_samples(trained, files, xinda, tm
     by_options = translate(xinda, trained, folder, "--sampling", "--samples", "2", "--seed",
                            "7", "--top-p", "0.9").stdout
     assert by_config == by_options and " ||| " in by_config
+
+
+def test_int8_decoding_agrees_with_float32(trained, files):
+    """``precision="int8"`` decodes with int8 linear layers; on the tiny model most outputs
+    equal float32's and the float model itself is unchanged."""
+    _, src = files
+    translator = Translator.load(trained.model_dir)
+    exact = translator.translate_text(src, beam=3)
+    approx = translator.translate_text(src, beam=3, precision="int8")
+    assert len(approx) == len(src) and approx[3] == ""
+    assert sum(a == b for a, b in zip(exact, approx)) >= len(src) - 2
+    assert translator.translate_text(src, beam=3) == exact

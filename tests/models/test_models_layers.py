@@ -256,3 +256,19 @@ def test_sublayer_connection_dropout_applies_to_branch_only():
     x = torch.randn(4, 8)
     out, _ = sub(x, lambda y: (torch.zeros_like(y), None))
     assert torch.equal(out, x)  # a zero branch leaves the residual stream untouched
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_grouped_cross_attention_equals_memory_copied_per_row(cross_attn, need_weights):
+    """group=G: G consecutive query rows share one memory row; same output and weights as
+    copying the memory to every row."""
+    torch.manual_seed(2)
+    group, lengths = 3, [5, 2]
+    x, memory = torch.randn(len(lengths) * group, 1, D), torch.randn(len(lengths), 5, D)
+    keep = _pad_keep(lengths, 5)
+    rows = torch.arange(len(lengths)).repeat_interleave(group)
+    grouped = cross_attn(x, memory, keep, need_weights=need_weights, group=group)
+    copied = cross_attn(x, memory[rows], keep[rows], need_weights=need_weights)
+    torch.testing.assert_close(grouped[0], copied[0])
+    if need_weights:
+        torch.testing.assert_close(grouped[1], copied[1])

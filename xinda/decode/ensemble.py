@@ -27,9 +27,18 @@ class EnsembleEncoderOut(EncoderOut):
 
     parts: list[EncoderOut]
 
-    def reorder(self, order: Tensor) -> EnsembleEncoderOut:
-        parts = [part.reorder(order) for part in self.parts]
+    @staticmethod
+    def of(parts: list[EncoderOut]) -> EnsembleEncoderOut:
         return EnsembleEncoderOut(parts[0].memory, parts[0].src_pad, parts)
+
+    def reorder(self, order: Tensor) -> EnsembleEncoderOut:
+        return self.of([part.reorder(order) for part in self.parts])
+
+    def expand(self, k: int) -> EnsembleEncoderOut:
+        return self.of([part.expand(k) for part in self.parts])
+
+    def select(self, rows: Tensor, k: int) -> EnsembleEncoderOut:
+        return self.of([part.select(rows, k) for part in self.parts])
 
 
 class Ensemble(Seq2SeqModel):
@@ -49,8 +58,7 @@ class Ensemble(Seq2SeqModel):
         return all(m.has_attention for m in self.members)
 
     def encode(self, src: Tensor) -> EnsembleEncoderOut:
-        parts = [m.encode(src) for m in self.members]
-        return EnsembleEncoderOut(parts[0].memory, parts[0].src_pad, parts)
+        return EnsembleEncoderOut.of([m.encode(src) for m in self.members])
 
     def decode(self, prev: Tensor, enc: EnsembleEncoderOut, state: dict | None = None,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:

@@ -112,7 +112,7 @@ def decode_rows(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig, choose: Cho
     enc = model.encode(src)
     low, limits = (x[sentence] for x in _output_limits(model, enc, dec, constraints))
     if n > 1:
-        enc = enc.reorder(sentence)
+        enc = enc.expand(n)
     rows = sentence.numel()
     tokens = torch.full((rows, 1), vocab.bos, dtype=torch.long, device=device)
     logprob = torch.zeros(rows, device=device)
@@ -180,7 +180,8 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
     batch, device = src.size(0), src.device
     enc = model.encode(src)
     low, limits = _output_limits(model, enc, dec, constraints)
-    enc = enc.reorder(torch.arange(batch, device=device).repeat_interleave(k))
+    src_keep = ~enc.src_pad  # (B, S) for the coverage penalty
+    enc = enc.expand(k)  # k rows per sentence
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one
     beams = _Beams(torch.arange(batch, device=device),
@@ -204,7 +205,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
         src_beam, token = top_idx // logp.size(-1), top_idx % logp.size(-1)
         is_eos = token.eq(vocab.eos) & top_scores.gt(float("-inf"))
         _finalise(beams, finished, top_scores, src_beam, is_eos, k, dec.alpha,
-                  (coverage, ~enc.src_pad))
+                  (coverage, src_keep))
         keep_rank = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).argsort(1)[:, :k]
         rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, keep_rank))
         kept = top_scores.gather(1, keep_rank)  # (N, K) scores of the beams to continue
@@ -215,8 +216,8 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
         live = ~done
         rows = rows[live].view(-1)  # (N'*K,) rows of the previous step to continue
         model.reorder_state(state, rows)
-        if not live.all():  # enc has one row per beam (N*K), like the state
-            enc = enc.reorder(rows)
+        if not live.all():  # finished sentences leave the encoder output too
+            enc = enc.select(rows, k)
         new_tokens = token.gather(1, keep_rank)[live].view(-1, 1)
         beams = _Beams(beams.alive[live], torch.cat([beams.tokens[rows], new_tokens], 1),
                        kept[live], None if beams.attention is None else beams.attention[rows])
@@ -227,7 +228,8 @@ def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tenso
               src_beam: Tensor, is_eos: Tensor, k: int, alpha: float,
               coverage: tuple[float, Tensor]) -> None:
     """Move EOS candidates ranked within the top ``k`` into ``finished``.
-    ``coverage`` = (beta, source keep mask (N*K, S)) for the GNMT coverage penalty."""
+    ``coverage`` = (beta, source keep mask (B, S) of every sentence) for the GNMT coverage
+    penalty."""
     beta, src_keep = coverage
     length = beams.tokens.size(1)  # BOS + tokens so far = |y| incl. the new EOS
     for n, rank in is_eos[:, :k].nonzero().tolist():
@@ -239,5 +241,5 @@ def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tenso
         attn = None if beams.attention is None else beams.attention[row]
         score = logprob / length_penalty(length, alpha)
         if beta:
-            score += coverage_penalty(attn, src_keep[row], beta)
+            score += coverage_penalty(attn, src_keep[sent], beta)
         finished[sent].append(Hypothesis(beams.tokens[row, 1:].tolist(), score, logprob, attn))

@@ -36,6 +36,7 @@ from xinda.decode.search import Hypothesis, beam_search, greedy_search
 from xinda.device import autocast, pick_precision
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
+from xinda.models.quantize import quantize_int8
 from xinda.models.registry import build_model
 
 log = logging.getLogger("xinda")
@@ -69,6 +70,7 @@ class Translator:
         self.src_text, self.tgt_text = vocabs.src_text, vocabs.tgt_text
         self.src_vocab, self.tgt_vocab = vocabs.src, vocabs.tgt
         self.device = next(model.parameters()).device
+        self._int8: Seq2SeqModel | None = None  # the int8 copy, made on first use
 
     @classmethod
     def load(cls, model_dir: str | Path, checkpoint: str | Path | None = None,
@@ -161,25 +163,36 @@ class Translator:
 
     @torch.inference_mode()
     def _decode_batch(self, batch: list[list[int]], dec: DecodeConfig,
-                      search: Callable[[torch.Tensor], list[list[Hypothesis]]]
+                      search: Callable[[torch.Tensor, Seq2SeqModel], list[list[Hypothesis]]]
                       ) -> list[list[Hypothesis]]:
         width = max(len(s) for s in batch)
         src = torch.full((len(batch), width), self.src_vocab.pad, dtype=torch.long)
         for row, ids in enumerate(batch):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(self.device)
-        with autocast(pick_precision(dec.precision, self.device), self.device):
-            return search(src)
+        precision = pick_precision(dec.precision, self.device)
+        model = self.int8_model() if precision == "int8" else self.model
+        with autocast(precision, self.device):
+            return search(src, model)
 
-    def _search(self, src: torch.Tensor, dec: DecodeConfig, need_attention: bool,
+    def int8_model(self) -> Seq2SeqModel:
+        """The model with int8 linear layers (``decode.precision: int8``; CPU only)."""
+        if self.device.type != "cpu":
+            raise XindaError(f"decode.precision int8 runs on CPU, not {self.device.type}")
+        if self._int8 is None:
+            self._int8 = quantize_int8(self.model)
+        return self._int8
+
+    def _search(self, src: torch.Tensor, model: Seq2SeqModel, dec: DecodeConfig,
+                need_attention: bool,
                 constraints: Sequence[Constraint], sampling: SamplingConfig | None,
                 generator: torch.Generator | None) -> list[list[Hypothesis]]:
         if sampling is not None:
-            return sample(self.model, src, dec, sampling, need_attention, constraints, generator)
+            return sample(model, src, dec, sampling, need_attention, constraints, generator)
         if dec.beam == 1 and dec.nbest == 1 and not dec.coverage:
-            hyps = greedy_search(self.model, src, dec, need_attention, constraints)
+            hyps = greedy_search(model, src, dec, need_attention, constraints)
             return [[] if h is None else [h] for h in hyps]
-        return beam_search(self.model, src, dec, need_attention, constraints)
+        return beam_search(model, src, dec, need_attention, constraints)
 
     def constraints_for(self, lines: list[str], prefixes: list[str] | None = None,
                         ban: Sequence[str] = (), no_repeat_ngram: int = 0,

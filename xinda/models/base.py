@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -39,7 +40,48 @@ class EncoderOut:
         return ~self.src_pad[:, None, None, :]
 
     def reorder(self, order: Tensor) -> EncoderOut:
+        """Decoder row i reads what row ``order[i]`` read."""
         return EncoderOut(self.memory.index_select(0, order), self.src_pad.index_select(0, order))
+
+    def expand(self, k: int) -> EncoderOut:
+        """``k`` consecutive decoder rows per sentence (beams, samples), each reading its own."""
+        return self.reorder(torch.arange(self.src_pad.size(0),
+                                         device=self.src_pad.device).repeat_interleave(k))
+
+    def select(self, rows: Tensor, k: int) -> EncoderOut:
+        """After ``expand(k)``: the new rows ``rows`` (k consecutive rows of one sentence at a
+        time, as beam search keeps them)."""
+        return self.reorder(rows)
+
+
+@dataclass
+class SharedEncoderOut(EncoderOut):
+    """An encoder output that ``expand`` does not copy: the ``group`` consecutive decoder rows
+    of a sentence share its one memory row, for decoders that attend group-wise (the
+    Transformer's cross-attention). ``memory``/``src_pad`` have one row per sentence."""
+
+    group: int = 1  # decoder rows per sentence: row r reads sentence r // group
+
+    def reorder(self, order: Tensor) -> EncoderOut:
+        sentences = order // self.group
+        return EncoderOut(self.memory.index_select(0, sentences),
+                          self.src_pad.index_select(0, sentences))
+
+    def expand(self, k: int) -> SharedEncoderOut:
+        return SharedEncoderOut(self.memory, self.src_pad, self.group * k)
+
+    def select(self, rows: Tensor, k: int) -> SharedEncoderOut:
+        sentences = group_sentences(rows, self.group)
+        return SharedEncoderOut(self.memory.index_select(0, sentences),
+                                self.src_pad.index_select(0, sentences), self.group)
+
+
+def group_sentences(rows: Tensor, group: int) -> Tensor:
+    """The sentence of each run of ``group`` new rows, given as old rows (r // group)."""
+    sentences = rows.view(-1, group) // group
+    if not sentences.eq(sentences[:, :1]).all():
+        raise ValueError("a row order that mixes the rows of different sentences in one group")
+    return sentences[:, 0]
 
 
 class Seq2SeqModel(nn.Module):

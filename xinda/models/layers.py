@@ -142,11 +142,26 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, keep: Tensor | None = None,
                 causal: bool = False, cache: dict | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, group: int = 1) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D); memory (B, S, D) for cross-attention; keep bool (B, 1, 1, S) or
         (B, 1, T, S), True = may attend; causal adds the future mask (self-attention).
+        ``group`` > 1 (cross-attention): x has ``group`` consecutive rows per memory row
+        (beams of one sentence), memory and keep one row per sentence (B / group).
         Returns (output (B, T, D), head-averaged weights (B, T, S) or None)."""
         q, k, v = self._project(x, memory, cache)
+        if group > 1:  # the group's queries attend to their one memory row together
+            q = _rows_to_queries(q, group)
+        out, weights = self._attend(q, k, v, keep, causal, need_weights)
+        if group > 1:
+            out = _queries_to_rows(out, group)
+            if weights is not None:  # (B / G, G * T, S) -> (B, T, S)
+                weights = weights.unflatten(1, (group, -1)).flatten(0, 1)
+        return self.out(out.transpose(1, 2).flatten(2)), weights  # (B, T, D)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Heads in, heads out: (B, H, T, Dh) -> (B, H, T, Dh) and the head-averaged weights
+        (B, T, S) when asked."""
         p = self.dropout if self.training else 0.0
         causal = causal and q.size(2) > 1  # one new query may see every cached key
         if causal and (need_weights or keep is not None or q.size(2) != k.size(2)):
@@ -158,12 +173,23 @@ class MultiHeadAttention(nn.Module):
             causal = False
         if need_weights:
             out, weights = attention_reference(q, k, v, keep, p)
-            weights = weights.mean(1)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
-                                                 is_causal=causal and keep is None)
-            weights = None
-        return self.out(out.transpose(1, 2).flatten(2)), weights  # (B, T, D)
+            return out, weights.mean(1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
+                                              is_causal=causal and keep is None), None
+
+
+def _rows_to_queries(q: Tensor, group: int) -> Tensor:
+    """(B*G, H, T, Dh) -> (B, H, G*T, Dh): a sentence's G rows become G*T queries."""
+    rows, heads, length, dim = q.shape
+    return q.view(rows // group, group, heads, length, dim).transpose(1, 2).reshape(
+        rows // group, heads, group * length, dim)
+
+
+def _queries_to_rows(out: Tensor, group: int) -> Tensor:
+    """The inverse of ``_rows_to_queries``: (B, H, G*T, Dh) -> (B*G, H, T, Dh)."""
+    batch, heads, queries, dim = out.shape
+    return out.view(batch, heads, group, queries // group, dim).transpose(1, 2).reshape(
+        batch * group, heads, queries // group, dim)
 
 
 class FeedForward(nn.Module):

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from xinda.data.vocab import VocabInfo
-from xinda.models.base import EncoderOut, ModelConfig, Seq2SeqModel, reorder_nested
+from xinda.models.base import (
+    EncoderOut,
+    ModelConfig,
+    Seq2SeqModel,
+    SharedEncoderOut,
+    group_sentences,
+    reorder_nested,
+)
 from xinda.models.layers import (
     FeedForward,
     MultiHeadAttention,
@@ -131,7 +139,7 @@ class DecoderLayer(nn.Module):
         def cross(x: Tensor) -> Tensor:
             x, found["attn"] = self.cross_sub(x, lambda y: self.cross_attn(
                 y, memory=enc.memory, keep=enc.keep, cache=cross_cache,
-                need_weights=need_weights))
+                need_weights=need_weights, group=getattr(enc, "group", 1)))
             return x
 
         return [lambda x: self.self_sub(
@@ -196,7 +204,7 @@ class Transformer(Seq2SeqModel):
             layers = [lambda y, layer=layer: layer(y, keep) for layer in self.encoder_layers]
             sublayers = [layer.sublayers(keep) for layer in self.encoder_layers]
             x = self.encoder_connection(x, self._units_of(layers, sublayers))
-        return EncoderOut(self.encoder_norm(x), src_pad)
+        return SharedEncoderOut(self.encoder_norm(x), src_pad)
 
     def decode(self, prev: Tensor, enc: EncoderOut, state: dict | None = None,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -206,6 +214,7 @@ class Transformer(Seq2SeqModel):
         if state is not None:
             caches = state.setdefault("layers", [{} for _ in self.decoder_layers])
             state["step"] = start + prev.size(1)
+            state["group"] = getattr(enc, "group", 1)  # rows per cross-attention cache row
         last = len(self.decoder_layers) - 1
         found: dict = {}  # the last layer's cross-attention weights
         sublayers = [layer.sublayers(enc, caches[i], need_weights and i == last,
@@ -219,4 +228,14 @@ class Transformer(Seq2SeqModel):
         return self.output(self.decoder_norm(x)), found.get("attn")  # (B, T, V), (B, T, S)
 
     def reorder_state(self, state: dict, order: Tensor) -> None:
-        reorder_nested(state.get("layers", []), order)
+        """Self-attention caches follow the rows; cross-attention caches, one row per
+        sentence when grouped (``SharedEncoderOut``), follow the rows' sentences."""
+        group, layers = state.get("group", 1), state.get("layers", [])
+        sentences = order if group == 1 else group_sentences(order, group)
+        cached = layers[0].get("cross", {}).get("k") if layers else None
+        same = group > 1 and cached is not None and sentences.numel() == cached.size(0) and \
+            bool(sentences.eq(torch.arange(sentences.numel(), device=order.device)).all())
+        for cache in layers:
+            reorder_nested(cache.get("self", {}), order)
+            if not same:  # beams moved within their sentences: the sentences stay put
+                reorder_nested(cache.get("cross", {}), sentences)

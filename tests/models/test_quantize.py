@@ -1,0 +1,57 @@
+"""int8 inference (``xinda.models.quantize``): per-row weight quantisation, dynamic activations,
+a model copy whose every linear layer is int8 and whose outputs stay close to float32."""
+
+import pytest
+import torch
+from torch import nn
+
+from xinda.models.quantize import INT8_MAX, Int8Linear, int8_supported, quantize_int8
+
+pytestmark = pytest.mark.skipif(not int8_supported(), reason="no CPU int8 engine in this build")
+
+TRANSFORMER = {"arch": "transformer", "d_model": 32, "heads": 4, "ffn_dim": 64,
+               "encoder_layers": 2, "decoder_layers": 2}
+BAHDANAU = {"preset": "rnn-bahdanau", "embed_dim": 16, "hidden_dim": 16}
+
+
+def test_weight_error_is_within_half_a_step_of_each_rows_scale():
+    torch.manual_seed(0)
+    linear = nn.Linear(24, 10)
+    linear.weight.data[3] *= 50  # rows of very different ranges get their own scales
+    q = Int8Linear(linear)
+    step = linear.weight.abs().amax(1, keepdim=True) / INT8_MAX
+    error = (q.weight - linear.weight).abs()
+    assert bool((error <= step / 2 + 1e-7).all())
+    torch.testing.assert_close(q.bias, linear.bias)
+
+
+def test_output_close_to_float_linear():
+    torch.manual_seed(1)
+    linear, x = nn.Linear(64, 48), torch.randn(5, 7, 64)
+    with torch.no_grad():
+        exact, approx = linear(x), Int8Linear(linear)(x)
+    assert approx.shape == exact.shape
+    assert float((approx - exact).abs().max() / exact.abs().max()) < 0.03
+
+
+@pytest.mark.parametrize("spec", [TRANSFORMER, BAHDANAU], ids=["transformer", "bahdanau"])
+def test_quantized_copy_scores_like_the_float_model(spec, make_model, make_src, make_prev):
+    model = make_model(spec, seed=3)
+    quantized = quantize_int8(model)
+    assert not any(isinstance(m, nn.Linear) for m in quantized.modules())
+    assert any(isinstance(m, nn.Linear) for m in model.modules())  # the original is kept
+    src, prev = make_src([6, 4, 2]), make_prev(3, 5)
+    with torch.no_grad():
+        exact = torch.log_softmax(model(src, prev), -1)
+        approx = torch.log_softmax(quantized(src, prev), -1)
+    assert float((approx - exact).abs().mean()) < 0.05
+    assert float((approx - exact).abs().max()) < 0.3
+    assert float((approx.argmax(-1) == exact.argmax(-1)).float().mean()) > 0.9
+
+
+def test_tied_output_layer_gets_its_own_copy(make_model):
+    model = make_model(TRANSFORMER, seed=4)
+    assert model.output.weight is model.tgt_embed.embed.weight
+    quantized = quantize_int8(model)
+    assert isinstance(quantized.output, Int8Linear)
+    torch.testing.assert_close(quantized.tgt_embed.embed.weight, model.tgt_embed.embed.weight)

@@ -1,0 +1,77 @@
+"""int8 inference on CPU: every ``nn.Linear`` of a model copy replaced by a dynamic-int8 one.
+
+Weights are quantised once, symmetrically per output row (scale_r = max|W_r| / 127); the
+activations are quantised per call from their own range (dynamic quantisation, Jacob et al.
+2018), the product accumulates in int32 and is rescaled to float32. PyTorch's fbgemm kernels
+(x86 AVX2 / AVX-512 VNNI) do the matmul. Embeddings, attention and layer norms stay float32.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from xinda.errors import XindaError
+
+INT8_MAX = 127
+
+
+class Int8Linear(nn.Module):
+    """y = dequant(quant(x) @ quant(W)^T) + b, with W quantised per output row."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = (weight.abs().amax(dim=1) / INT8_MAX).clamp(min=1e-8).double()
+        zero = torch.zeros(weight.size(0), dtype=torch.long)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        with warnings.catch_warnings():  # the quantized-tensor constructors warn on 2.x
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8)
+            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._float: tuple[Tensor, Tensor | None] | None = None
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantised weight, for code that uses it outside ``forward`` (RNN scores)."""
+        return self._dequantised()[0]
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self._dequantised()[1]
+
+    def _dequantised(self) -> tuple[Tensor, Tensor | None]:
+        if self._float is None:
+            qweight, bias = torch.ops.quantized.linear_unpack(self._packed)
+            self._float = (qweight.dequantize(), bias)
+        return self._float
+
+    def forward(self, x: Tensor) -> Tensor:
+        # reduce_range: 7-bit activations, so the int16 pair sums of VNNI cannot overflow
+        return torch.ops.quantized.linear_dynamic(x.float(), self._packed, True)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def int8_supported() -> bool:
+    """Whether this PyTorch build has a CPU int8 engine (fbgemm on x86, qnnpack on Arm)."""
+    return any(e in torch.backends.quantized.supported_engines for e in ("fbgemm", "x86",
+                                                                         "qnnpack"))
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` for CPU inference with every ``nn.Linear`` in int8 (tied weights
+    are copied: the embedding stays float32, the output layer gets its own int8 copy)."""
+    if not int8_supported():
+        raise XindaError("decode.precision int8: this PyTorch build has no CPU int8 engine")
+    quantized = copy.deepcopy(model).cpu().eval()
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    return quantized
