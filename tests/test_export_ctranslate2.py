@@ -3,8 +3,9 @@ token log-probabilities within 1e-4), models CTranslate2 cannot represent are re
 line, and a missing ``ctranslate2`` package is a clear error.
 
 Two tiny number-words -> digits Transformers are trained in-process (150 updates, a few
-seconds each): pre-norm with one joint vocabulary and tied embeddings, and post-norm with GELU,
-separate vocabularies and an untied output layer.
+seconds each): the peer benchmark's kind (pre-norm, tied embeddings, one sentencepiece model
+made elsewhere with sentencepiece's default ids and no pad piece, so xinda appends pad after
+the pieces), and post-norm with GELU, separate vocabularies and an untied output layer.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import sentencepiece as spm
 import torch
 import yaml
 from subprocesses import subprocess_env, xinda_command
@@ -29,7 +32,7 @@ from xinda.data.prepare import prepare
 from xinda.decode.translator import Translator
 from xinda.demo.numbers import write_demo_corpus
 from xinda.errors import XindaError
-from xinda.export.ctranslate2 import INSTALL_HINT, export_ctranslate2
+from xinda.export.ctranslate2 import INSTALL_HINT, export_ctranslate2, vocabulary_tokens
 from xinda.train.trainer import Trainer
 from xinda.utils import read_lines
 
@@ -37,20 +40,31 @@ needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
                                reason="ctranslate2 is not installed (pip install "
                                       "'xinda[export]')")
 MAX_LEN = 20  # xinda's output limit incl. EOS (max_len_a 0, max_len_b 20)
-VARIANTS = {
-    "pre-norm-tied": ({"norm": "pre", "encoder_layers": 2}, True),
-    "post-norm-gelu-untied": ({"norm": "post", "activation": "gelu", "tie_output": False},
-                              False),
+VARIANTS = {  # model fields, data fields (with "spm_model": True for a bench-like spm model)
+    "pre-norm-tied-bench-spm": ({"norm": "pre", "encoder_layers": 2}, {"spm_model": True}),
+    "post-norm-gelu-untied-split": ({"norm": "post", "activation": "gelu", "tie_output": False},
+                                    {"joint_vocab": False}),
 }
 
 
-def train_numbers(root: Path, model: dict, joint: bool) -> Path:
+def bench_like_spm(raw: dict[str, str], out: Path) -> str:
+    """A joint BPE model with sentencepiece's default ids (<unk> 0, <s> 1, </s> 2, no pad),
+    as ../shared/bench makes it; returns its path."""
+    spm.SentencePieceTrainer.train(
+        input=f"{raw['train']}.words,{raw['train']}.digits", model_prefix=str(out),
+        vocab_size=60, model_type="bpe", character_coverage=1.0, minloglevel=2)
+    return f"{out}.model"
+
+
+def train_numbers(root: Path, model: dict, data: dict) -> Path:
     """Prepare the number task and train a tiny Transformer for 150 updates; its model dir."""
     raw = write_demo_corpus(root / "raw", {"train": 300, "test": 12})
+    if data.get("spm_model"):
+        data = {**data, "spm_model": bench_like_spm(raw, root / "bench-spm")}
     cfg = ExperimentConfig.model_validate({
         "data": {"out_dir": str(root / "bin"), "src_lang": "words", "tgt_lang": "digits",
                  "train": raw["train"], "test": {"test": raw["test"]}, "vocab_size": 60,
-                 "normalize": "none", "joint_vocab": joint},
+                 "normalize": "none", **data},
         "model": {"arch": "transformer", "d_model": 32, "heads": 2, "ffn_dim": 64,
                   "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0, **model},
         "train": {"out_dir": str(root / "model"), "progress": False, "device": "cpu",
@@ -176,3 +190,17 @@ def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
     with pytest.raises(XindaError, match=re.escape(
             f"needs the ctranslate2 package: {INSTALL_HINT}")):
         export_ctranslate2(model_dir, tmp_path / "ct2")
+
+
+def fake_vocab(pieces: list[str], **specials: int) -> SimpleNamespace:
+    """What ``vocabulary_tokens`` reads of a ``Vocab``: pieces, size and the special ids."""
+    sp = SimpleNamespace(id_to_piece=pieces.__getitem__)
+    return SimpleNamespace(sp=sp, path=Path("fake.model"), **specials)
+
+
+def test_special_ids_get_the_spellings_ctranslate2_expects():
+    vocab = fake_vocab(["[UNK]", "[BOS]", "[EOS]", "▁a", "b"], unk=0, bos=1, eos=2, pad=5, size=6)
+    assert vocabulary_tokens(vocab) == ["<unk>", "<s>", "</s>", "▁a", "b", "<pad>"]
+    clash = fake_vocab(["<unk>", "<s>", "</s>", "<pad>"], unk=0, bos=1, eos=2, pad=4, size=5)
+    with pytest.raises(XindaError, match="ids 3 and 4 would both be '<pad>'"):
+        vocabulary_tokens(clash)
