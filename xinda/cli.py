@@ -1,5 +1,5 @@
 """Command line: ``xinda prepare | train | translate | evaluate | average | grow | models | demo
-| couplet | poem | serve``.
+| couplet | poem | serve | export ctranslate2``.
 
 Every user-facing failure is a ``XindaError``: printed as one line ``xinda: error: ...`` on
 stderr with exit code 1; nothing already written is lost (all outputs are written atomically).
@@ -19,6 +19,8 @@ import typer
 
 from xinda.config import ExperimentConfig, load_config
 from xinda.errors import XindaError
+from xinda.export.command import ctranslate2 as export_ctranslate2_command
+from xinda.export.command import export_app
 from xinda.serve.command import serve as serve_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -27,8 +29,8 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override: a.b=v
 log = logging.getLogger("xinda")
 
 
-def command(func: Callable) -> Callable:
-    """``app.command()``, keeping typer's own handling of two exceptions away from the user:
+def command(func: Callable, on: typer.Typer | None = None) -> Callable:
+    """``app.command()`` (or ``on.command()``), keeping typer's own handling of two exceptions away from the user:
     it prints a bare "Aborted!" for an EOFError (which becomes a XindaError here; readers of
     user files raise XindaError themselves, naming the file, so this is the last resort) and
     exits silently on KeyboardInterrupt (here: "xinda: interrupted", exit code 130)."""
@@ -41,7 +43,7 @@ def command(func: Callable) -> Callable:
         except KeyboardInterrupt:
             print("xinda: interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
-    return app.command()(run)
+    return (on or app).command()(run)
 
 
 def validated(cfg: ExperimentConfig, source: Path | str) -> ExperimentConfig:
@@ -363,6 +365,8 @@ def poem(
 
 
 command(serve_command)  # `xinda serve`: its options and help are in xinda/serve/command.py
+app.add_typer(export_app, name="export")  # `xinda export ...`: in xinda/export/command.py
+command(export_ctranslate2_command, on=export_app)
 
 
 def main() -> None:

@@ -3,6 +3,10 @@
 #   xinda.sh train SECONDS OUTDIR      train on $DATA (shared sentencepiece model) for SECONDS
 #   xinda.sh translate OUTDIR IN OUT   IN/OUT: sentencepiece pieces, beam 5, 64 sentences/batch
 #   xinda.sh version
+#   xinda.sh export-ctranslate2 OUTDIR CT2_DIR   the model `train` wrote (OUTDIR/model) as a
+#       CTranslate2 model directory (float32; the harness quantises at load time), decoded by
+#       peers/ctranslate2.sh in the same run. Needs ctranslate2 in xinda's environment:
+#       pip install -e '.[export]'
 # Run beside the peers:
 #   EXTRA_PEER_DIR=benchmarks/peers PEER_LIST="xinda fairseq" bash ../shared/bench/run_peers.sh
 set -euo pipefail
@@ -13,7 +17,7 @@ source "$BENCH_COMMON"
 PY=${XINDA_PY:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 
-cmd=${1:?usage: train SECONDS OUTDIR | translate OUTDIR IN OUT | version}; shift
+cmd=${1:?usage: train SECONDS OUTDIR | translate OUTDIR IN OUT | version | export-ctranslate2 OUTDIR CT2_DIR}; shift
 case $cmd in
   version)
     "$PY" -c 'import torch, xinda; print(f"xinda {xinda.__version__} / torch {torch.__version__}")'
@@ -82,6 +86,11 @@ PYEOF
     echo "{\"decode_seconds\": $DEC}" > "$OUT.stats.json"
     echo "decode_stats: $(tr -d '\n ' < "$OUT.stats.json") sentences: $N"
     echo "peak_rss_mb: $(peak_rss_mb "$TIMEFILE")  wall_s: $(wall_s "$TIMEFILE")"
+    ;;
+  export-ctranslate2)
+    MODEL=$(realpath "$1"); CT2=$(realpath -m "$2")
+    [ -d "$MODEL/model" ] && MODEL=$MODEL/model
+    "$PY" -m xinda.cli export ctranslate2 "$MODEL" "$CT2" --force
     ;;
   *) echo "unknown subcommand $cmd" >&2; exit 2;;
 esac

@@ -1,0 +1,134 @@
+"""``xinda export ctranslate2``: a trained xinda Transformer as a CTranslate2 model directory.
+
+The exported model is the same network, decoding by xinda's conventions (``ct2_spec`` maps the
+weights):
+
+- post- or pre-norm (with the final LayerNorms), ReLU or GELU, the fused q/k/v
+  self-attention and k/v cross-attention projections (CTranslate2 fuses them the same way),
+  embeddings x sqrt(d), the output projection (tied or not), and xinda's own sinusoidal table
+  (sin and cos interleaved), given to CTranslate2 explicitly rather than its default layout;
+- vocabularies of sentencepiece pieces, with xinda's special ids renamed to the spellings
+  CTranslate2 looks for: unknown ``<unk>``, BOS ``<s>``, EOS ``</s>`` (and pad ``<pad>``);
+- EOS appended to every source, decoding started from BOS, and pad and BOS never generated
+  (xinda's search bans them; here a large negative bias on their output logits does, so
+  CTranslate2's scores leave their probability out, where xinda's include it).
+
+Greedy decoding therefore gives xinda's outputs, once CTranslate2's ``max_decoding_length``
+(tokens before EOS) is xinda's limit (which counts the EOS) minus one. Beam search matched too
+on the test models without a length penalty (``length_penalty=0``, ``alpha 0``); with one, the
+two rank finished hypotheses differently (CTranslate2 divides by length^penalty, xinda by GNMT's
+((5 + length) / 6)^alpha).
+
+The model takes and returns space-separated sentencepiece pieces; xinda's text pipeline
+(normalisation, pre-tokenisation) is not part of it. The sentencepiece model(s) are copied
+beside it. Models CTranslate2 cannot represent (RNNs, DLCL, information fusion) are refused;
+layer dropout acts only in training and needs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from xinda.config import load_config
+from xinda.data.manifest import load_manifest
+from xinda.data.vocab import Vocab
+from xinda.decode.translator import Translator
+from xinda.errors import XindaError
+from xinda.models.registry import resolve
+from xinda.models.transformer import TransformerConfig
+
+INSTALL_HINT = "pip install 'xinda[export]'"
+SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
+
+
+def check_exportable(model_dir: Path) -> TransformerConfig:
+    """The model config of ``model_dir``; a XindaError when CTranslate2 cannot represent it."""
+    config = model_dir / "config.yaml"
+    cfg = resolve(load_config(config).model, str(config))
+    head = f"{model_dir}: cannot export to CTranslate2"
+    if not isinstance(cfg, TransformerConfig):
+        raise XindaError(f"{head}: only Transformer models are supported, this is a "
+                         f"{cfg.arch!r} model")
+    if cfg.dense != "none":
+        raise XindaError(f"{head}: DLCL (model.dense: {cfg.dense}) has no CTranslate2 "
+                         "equivalent")
+    if cfg.fusion != "none":
+        raise XindaError(f"{head}: information fusion (model.fusion: {cfg.fusion}) has no "
+                         "CTranslate2 equivalent")
+    return cfg
+
+
+def vocabulary_tokens(vocab: Vocab) -> list[str]:
+    """One token per id: the sentencepiece pieces, the special ids spelled as CTranslate2
+    expects (``SPECIAL_TOKENS``); a XindaError if two ids would share a spelling."""
+    names = {getattr(vocab, kind): token for kind, token in SPECIAL_TOKENS.items()}
+    tokens = [names.get(i) or vocab.sp.id_to_piece(i) for i in range(vocab.size)]
+    seen: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        if token in seen:
+            raise XindaError(f"{vocab.path}: ids {seen[token]} and {i} would both be "
+                             f"{token!r} in the CTranslate2 vocabulary")
+        seen[token] = i
+    return tokens
+
+
+def _ct2_spec() -> ModuleType:
+    """``xinda.export.ct2_spec``, which needs the optional ``ctranslate2`` package."""
+    try:
+        return importlib.import_module("xinda.export.ct2_spec")
+    except ImportError as err:
+        if (err.name or "").split(".")[0] != "ctranslate2":
+            raise
+        raise XindaError(f"exporting to CTranslate2 needs the ctranslate2 package: "
+                         f"{INSTALL_HINT}") from None
+
+
+def _check_output(model_dir: Path, out_dir: Path, force: bool) -> None:
+    """Refuse an existing ``out_dir`` without ``force``, and always the model's own folder."""
+    model, out = model_dir.resolve(), out_dir.resolve()
+    if out == model or out in model.parents:
+        raise XindaError(f"{out_dir}: the output folder may not hold the model directory")
+    if out_dir.exists() and not force:
+        raise XindaError(f"{out_dir}: already exists (--force replaces it)")
+
+
+def _spm_files(model_dir: Path) -> list[Path]:
+    """The model directory's sentencepiece model(s), one path per distinct file."""
+    spm = load_manifest(model_dir)["spm"]
+    return [model_dir / name for name in dict.fromkeys((spm["src"], spm["tgt"]))]
+
+
+def export_ctranslate2(model_dir: str | Path, out_dir: str | Path,
+                       checkpoint: str | Path | None = None, quantization: str | None = None,
+                       force: bool = False) -> Path:
+    """Write the Transformer of ``model_dir`` (its default weights, or ``checkpoint``) as a
+    CTranslate2 model directory ``out_dir`` (float32 weights unless ``quantization``, one of
+    CTranslate2's types such as int8); ``force`` replaces an existing ``out_dir``. The folder
+    appears complete or not at all. Returns ``out_dir``."""
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    check_exportable(model_dir)
+    _check_output(model_dir, out_dir, force)
+    spec_module = _ct2_spec()
+    translator = Translator.load(model_dir, checkpoint)
+    vocabs = translator.vocabs
+    converter = spec_module.XindaConverter(
+        translator.model, vocabulary_tokens(vocabs.src), vocabulary_tokens(vocabs.tgt),
+        _spm_files(model_dir))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        try:
+            converter.convert(str(tmp), quantization=quantization, force=True)
+        except ValueError as err:  # e.g. an unknown quantization type
+            raise XindaError(f"CTranslate2 conversion failed: {' '.join(str(err).split())}"
+                             ) from None
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
