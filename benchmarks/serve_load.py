@@ -2,7 +2,8 @@
 too small for the load.
 
     python benchmarks/serve_load.py [--model runs/serve/multi30k-en-de] [--clients 50]
-        [--seconds 60] [--warmup 5] [--repeats 1] [--threads 1] [--out-dir docs/results]
+        [--seconds 60] [--warmup 5] [--repeats 1] [--threads 1] [--precision fp32|int8]
+        [--out-dir docs/results]
 
 Each run starts its own ``xinda serve`` on a free 127.0.0.1 port, waits for /health, then
 ``--clients`` concurrent clients (asyncio + httpx, one kept-alive connection each) loop for
@@ -237,7 +238,8 @@ def one_run(name: str, repeat: int, model: Path, sources: list[str],
     print(f"run {name} (repeat {repeat + 1}): {args.clients} clients, {args.warmup:g} s warm-up "
           f"+ {args.seconds:g} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
-        server = start_server(model, RUNS[name], args.threads, args.port, Path(tmp) / "log")
+        options = RUNS[name] + (["--precision", args.precision] if args.precision else [])
+        server = start_server(model, options, args.threads, args.port, Path(tmp) / "log")
         try:
             result = asyncio.run(load(server, sources, args, args.seed + repeat))
         finally:
@@ -321,6 +323,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds first")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved on/off pairs")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    ap.add_argument("--precision", default=None,
+                    help="the server's decode precision (default: the model's)")
     ap.add_argument("--beam", type=int, default=None, help="beam size (default: the model's)")
     ap.add_argument("--port", type=int, default=0, help="server port (0: a free one per run)")
     ap.add_argument("--request-timeout", type=float, default=60.0, help="client timeout (s)")

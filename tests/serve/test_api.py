@@ -5,6 +5,11 @@ status, after which the worker still serves."""
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
+
+from xinda.serve.app import create_app
+from xinda.serve.models import load_models
+from xinda.serve.settings import ServeSettings
 
 NUMBERS = "three thousand seven hundred"
 
@@ -28,7 +33,8 @@ def test_health_and_models(client):
                                             "models": ["numbers", "couplet", "poetry"]}
     models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
     assert models["numbers"] == {"name": "numbers", "task": "translate", "arch": "transformer",
-                                 "src_lang": "words", "tgt_lang": "digits"}
+                                 "src_lang": "words", "tgt_lang": "digits",
+                                 "precision": "fp32"}
     assert models["couplet"]["task"] == "couplet" and models["poetry"]["task"] == "poetry"
 
 
@@ -43,7 +49,11 @@ def test_translate_one_text_and_a_list(client):
     assert best["source_pieces"] and "attention" not in best
     many = post(client, "/v1/translate", model="numbers", text=["one", NUMBERS]).json()
     assert [t["source"] for t in many["translations"]] == ["one", NUMBERS]
-    assert many["translations"][1] == entry  # batched with others or alone: the same
+    # batched with others or alone: the same output, the score up to float rounding
+    batched = many["translations"][1]
+    assert batched["nbest"][0].pop("score") == pytest.approx(entry["nbest"][0].pop("score"),
+                                                             abs=1e-5)
+    assert batched == entry
 
 
 @pytest.mark.parametrize("text", ["", " \t", ["one", ""]])
@@ -206,3 +216,15 @@ def test_web_page_and_docs(client):
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/translate", "/v1/couplet", "/v1/poem", "/v1/models", "/health"} <= set(paths)
+
+
+def test_models_served_in_int8(served_model_dir, served_models):
+    """``load_models(..., precision="int8")`` (``xinda serve --precision int8``): the model says
+    its precision, its int8 copy is made at load time, and it translates."""
+    models = load_models([served_model_dir], precision="int8")
+    served = models["numbers"]
+    assert served.info()["precision"] == "int8" and served.translator._int8 is not None
+    with TestClient(create_app(models, ServeSettings()), base_url="http://127.0.0.1") as client:
+        got = post(client, "/v1/translate", text=["one two", "three"]).json()["translations"]
+    assert [len(t["nbest"]) for t in got] == [1, 1]
+    assert served_models["numbers"].info()["precision"] == "fp32"  # the others are untouched

@@ -260,13 +260,14 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
     return app
 
 
-def run_server(model_dirs: Sequence[Path], settings: ServeSettings, device: str = "cpu") -> None:
+def run_server(model_dirs: Sequence[Path], settings: ServeSettings, device: str = "cpu",
+               precision: str | None = None) -> None:
     """Serve ``model_dirs`` until SIGTERM/SIGINT; requests in flight then finish."""
     import uvicorn
 
     if not settings.loopback and not settings.api_key:
         raise XindaError(f"serving on {settings.host} needs --api-key (or XINDA_API_KEY); "
                          f"without one only {', '.join(LOOPBACK)} are allowed")
-    app = create_app(load_models(model_dirs, device), settings)
+    app = create_app(load_models(model_dirs, device, precision), settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
                 timeout_graceful_shutdown=int(settings.timeout_s) + 5)

@@ -50,6 +50,8 @@ def serve(
                               ] = _serve_default("max_body_bytes"),
     device: Annotated[str, typer.Option(help="cpu | cuda | ...")] = "cpu",
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
+    precision: Annotated[str | None, typer.Option(
+        help="fp32 | bf16 | int8 | auto (default: each model's decode.precision)")] = None,
 ) -> None:
     """Serve trained models over HTTP (REST API, batching across requests, web page at /)."""
     import torch
@@ -69,4 +71,4 @@ def serve(
         raise XindaError(format_validation_error(err, "xinda serve")) from None
     if threads:
         torch.set_num_threads(threads)
-    run_server(model_dirs, settings, device)
+    run_server(model_dirs, settings, device, precision)

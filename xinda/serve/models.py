@@ -31,11 +31,14 @@ class ServedModel:
         """The model's entry in GET /v1/models."""
         data = self.translator.cfg.data
         return {"name": self.name, "task": self.task, "arch": self.arch,
-                "src_lang": data.src_lang, "tgt_lang": data.tgt_lang}
+                "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
+                "precision": self.translator.cfg.decode.precision}
 
 
-def load_models(model_dirs: Sequence[str | Path], device: str = "cpu") -> dict[str, ServedModel]:
-    """Load each trained model directory, named by its directory name (names must differ)."""
+def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",
+                precision: str | None = None) -> dict[str, ServedModel]:
+    """Load each trained model directory, named by its directory name (names must differ);
+    ``precision`` replaces the models' ``decode.precision`` (int8: quantised now, once)."""
     models: dict[str, ServedModel] = {}
     for model_dir in map(Path, model_dirs):
         name = model_dir.resolve().name
@@ -44,7 +47,13 @@ def load_models(model_dirs: Sequence[str | Path], device: str = "cpu") -> dict[s
                              "their directory name")
         if not (model_dir / "config.yaml").is_file():
             raise XindaError(f"{model_dir}: not a trained model directory (no config.yaml)")
-        models[name] = ServedModel.of(name, Translator.load(model_dir, device=device))
+        translator = Translator.load(model_dir, device=device)
+        if precision:
+            translator.cfg = translator.cfg.model_copy(update={
+                "decode": translator.decode_settings({"precision": precision})})
+            if precision == "int8":
+                translator.int8_model()
+        models[name] = ServedModel.of(name, translator)
     if not models:
         raise XindaError("no model directory given")
     return models

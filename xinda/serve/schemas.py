@@ -131,6 +131,7 @@ class ModelInfo(BaseModel):
     arch: str
     src_lang: str
     tgt_lang: str
+    precision: str  # the decoding precision: fp32 | bf16 | int8 | auto
 
 
 class ModelsResponse(BaseModel):

@@ -1,0 +1,179 @@
+"""Decoding speed of one trained model on xinda (fp32, bf16, int8) and on CTranslate2 (the same
+model exported with ``xinda export ctranslate2``, float32 and int8), in one process (issue 15).
+
+    python benchmarks/decode_speed.py [--model runs/serve/multi30k-1800] [--threads 2]
+        [--repeats 3] [--latency 100] [--out-dir docs/results]
+
+Every system decodes the same sentencepiece pieces of Multi30k test2016 (1000 sentences):
+beam 5 and greedy, batches of up to 64 sentences sorted by length, max length 1.5 * src + 10;
+and, for the latency rows, ``--latency`` sentences one at a time (batch 1). Runs are
+interleaved (system A, B, ..., then again) and the median of ``--repeats`` is kept, since the
+machine is shared. BLEU (sacrebleu, detokenised by the model's own pipeline) is reported for
+each system; CTranslate2 divides scores by the length (length_penalty 1) where xinda uses
+GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. Writes
+``decode_speed.{json,md}`` to ``--out-dir``. Not a test: it takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from multi30k import ROOT, SHARED, markdown_table
+
+from xinda.decode.translator import Translator
+
+DEFAULT_MODEL = ROOT / "runs" / "serve" / "multi30k-1800"
+BATCH, BEAM = 64, 5
+Decode = Callable[[list[list[str]], int, int], list[list[str]]]  # pieces, beam, batch -> pieces
+
+
+def xinda_decoder(translator: Translator, precision: str) -> Decode:
+    """xinda's own decoding of pieces at ``precision``."""
+    def decode(sources: list[list[str]], beam: int, batch: int) -> list[list[str]]:
+        lines = [" ".join(s) for s in sources]
+        out = translator.translate(lines, input_format="pieces", output_format="pieces",
+                                   beam=beam, batch_size=batch, precision=precision,
+                                   max_len_a=1.5, max_len_b=10)
+        return [nbest[0].text.split() for nbest in out]
+    return decode
+
+
+def ct2_decoder(ct2_dir: Path, compute_type: str, threads: int) -> Decode:
+    """CTranslate2 on the exported model, batched as ../shared/bench/peers/ct2_translate.py."""
+    import ctranslate2
+
+    engine = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=threads,
+                                    inter_threads=1, compute_type=compute_type)
+
+    def decode(sources: list[list[str]], beam: int, batch: int) -> list[list[str]]:
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        out: list[list[str]] = [[] for _ in sources]
+        for start in range(0, len(order), batch):
+            rows = order[start:start + batch]
+            chunk = [sources[i] for i in rows]  # the export adds the source EOS
+            limit = int(1.5 * max(len(s) for s in chunk) + 10)
+            results = engine.translate_batch(chunk, beam_size=beam, max_batch_size=batch,
+                                             max_decoding_length=limit, length_penalty=1.0)
+            for i, result in zip(rows, results):
+                out[i] = result.hypotheses[0]
+        return out
+    return decode
+
+
+def systems(translator: Translator, model_dir: Path, work: Path, threads: int
+            ) -> dict[str, Decode]:
+    """The decoders to compare; CTranslate2's only when it is installed."""
+    found = {f"xinda {p}": xinda_decoder(translator, p) for p in ("fp32", "bf16", "int8")}
+    try:
+        from xinda.export.ctranslate2 import export_ctranslate2
+
+        export_ctranslate2(model_dir, work / "ct2")
+        for compute_type, name in (("float32", "ctranslate2 fp32"), ("int8", "ctranslate2 int8")):
+            found[name] = ct2_decoder(work / "ct2", compute_type, threads)
+    except ImportError as err:
+        print(f"CTranslate2 rows skipped: {err}", file=sys.stderr)
+    return found
+
+
+def timed(decode: Decode, sources: list[list[str]], beam: int, batch: int
+          ) -> tuple[float, list[list[str]]]:
+    start = time.perf_counter()
+    out = decode(sources, beam, batch)
+    return time.perf_counter() - start, out
+
+
+def latency_ms(decode: Decode, sources: list[list[str]], beam: int) -> float:
+    """Median milliseconds per sentence, one sentence per call."""
+    times = []
+    for source in sources:
+        start = time.perf_counter()
+        decode([source], beam, 1)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def measure(found: dict[str, Decode], sources: list[list[str]], refs: list[str],
+            detok: Callable[[list[str]], str], repeats: int, latency: int) -> list[dict]:
+    """Interleaved repeats of every system; medians."""
+    runs: dict[tuple[str, int], list[float]] = {}
+    outputs: dict[tuple[str, int], list[list[str]]] = {}
+    for _ in range(repeats):
+        for name, decode in found.items():
+            for beam in (BEAM, 1):
+                seconds, outputs[name, beam] = timed(decode, sources, beam, BATCH)
+                runs.setdefault((name, beam), []).append(seconds)
+                print(f"{name} beam {beam}: {len(sources) / seconds:.1f} sentences/s",
+                      flush=True)
+    rows = []
+    for name, decode in found.items():
+        row = {"system": name}
+        for beam in (BEAM, 1):
+            hyps = [detok(p) for p in outputs[name, beam]]
+            row[f"beam{beam}_sents_per_s"] = len(sources) / statistics.median(runs[name, beam])
+            row[f"beam{beam}_bleu"] = sacrebleu.corpus_bleu(hyps, [refs]).score
+        row["latency_ms_beam5"] = latency_ms(decode, sources[:latency], BEAM)
+        rows.append(row)
+    return rows
+
+
+def report(rows: list[dict], meta: dict, out_dir: Path) -> None:
+    base = next((r for r in rows if r["system"] == "ctranslate2 int8"), None)
+    header = ["system", "beam 5 sents/s", "vs ct2 int8", "BLEU", "greedy sents/s", "BLEU",
+              "batch-1 latency ms (beam 5)"]
+    table = [[r["system"], f"{r['beam5_sents_per_s']:.1f}",
+              f"{r['beam5_sents_per_s'] / base['beam5_sents_per_s']:.2f}x" if base else "-",
+              f"{r['beam5_bleu']:.2f}", f"{r['beam1_sents_per_s']:.1f}", f"{r['beam1_bleu']:.2f}",
+              f"{r['latency_ms_beam5']:.1f}"] for r in rows]
+    md = markdown_table(header, table)
+    print(md)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "decode_speed.json").write_text(json.dumps({"meta": meta, "rows": rows},
+                                                          indent=1))
+    (out_dir / "decode_speed.md").write_text(
+        f"# Decoding speed, one model, one process\n\n{json.dumps(meta)}\n\n{md}\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency", type=int, default=100, help="sentences timed at batch 1")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
+    args = parser.parse_args()
+    test = SHARED / "multi30k" / "test2016"
+    if not test.with_suffix(".en").exists() or not (args.model / "config.yaml").exists():
+        sys.exit(f"skipped: needs {test}.en and a trained model in {args.model}")
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(args.model)
+    lines = test.with_suffix(".en").read_text(encoding="utf-8").splitlines()
+    refs = test.with_suffix(".de").read_text(encoding="utf-8").splitlines()
+    sources = [translator.src_vocab.ids_to_pieces(translator.source_ids(line, False))
+               for line in lines]
+
+    def detok(pieces: list[str]) -> str:
+        ids = translator.tgt_vocab.pieces_to_ids(pieces)
+        return translator.tgt_text.postprocess(translator.tgt_vocab.decode(ids))
+
+    with tempfile.TemporaryDirectory() as work:
+        found = systems(translator, args.model, Path(work), args.threads)
+        rows = measure(found, sources, refs, detok, args.repeats, args.latency)
+    meta = {"model": str(args.model), "sentences": len(sources), "threads": args.threads,
+            "repeats": args.repeats, "batch": BATCH, "beam": BEAM,
+            "torch": torch.__version__}
+    report(rows, meta, args.out_dir)
+
+
+if __name__ == "__main__":
+    main()
