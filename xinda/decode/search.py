@@ -200,9 +200,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
                 [beams.attention, attn[:, None]], 1)
             beams.attention = hist
         n = beams.alive.numel()
-        cand = (beams.scores[:, :, None] + logp.view(n, k, -1)).view(n, -1)  # (N, K*V)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (N, 2K)
-        src_beam, token = top_idx // logp.size(-1), top_idx % logp.size(-1)
+        top_scores, src_beam, token = _top_candidates(beams.scores, logp, 2 * k)  # (N, 2K)
         is_eos = token.eq(vocab.eos) & top_scores.gt(float("-inf"))
         _finalise(beams, finished, top_scores, src_beam, is_eos, k, dec.alpha,
                   (coverage, src_keep))
@@ -222,6 +220,19 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
         beams = _Beams(beams.alive[live], torch.cat([beams.tokens[rows], new_tokens], 1),
                        kept[live], None if beams.attention is None else beams.attention[rows])
     return [sorted(hyps, key=lambda h: -h.score)[:dec.nbest] for hyps in finished]
+
+
+def _top_candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``width`` best one-token extensions of each sentence's beams: beam scores (N, K) and
+    log-probabilities (N*K, V) -> their scores, source beams and tokens, each (N, width).
+    A beam's own ``width`` best tokens hold all its extensions that can rank in the top
+    ``width``, so K * width candidates per sentence are ranked instead of K * V."""
+    n, k = scores.shape
+    row_width = min(width, logp.size(-1))
+    row_logp, row_token = logp.topk(row_width, dim=-1)  # (N*K, W)
+    cand = (scores[:, :, None] + row_logp.view(n, k, row_width)).view(n, -1)  # (N, K*W)
+    top_scores, top_idx = cand.topk(width, dim=1)
+    return top_scores, top_idx // row_width, row_token.view(n, -1).gather(1, top_idx)
 
 
 def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tensor,
