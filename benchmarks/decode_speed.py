@@ -2,7 +2,7 @@
 model exported with ``xinda export ctranslate2``, float32 and int8), in one process (issue 15).
 
     python benchmarks/decode_speed.py [--model runs/serve/multi30k-1800] [--threads 2]
-        [--repeats 3] [--latency 100] [--out-dir docs/results]
+        [--repeats 3] [--latency 100] [--sentences 0] [--out-dir docs/results]
 
 Every system decodes the same sentencepiece pieces of Multi30k test2016 (1000 sentences):
 beam 5 and greedy, batches of up to 64 sentences sorted by length, max length 1.5 * src + 10;
@@ -135,7 +135,7 @@ def report(rows: list[dict], meta: dict, out_dir: Path) -> None:
               f"{r['beam5_sents_per_s'] / base['beam5_sents_per_s']:.2f}x" if base else "-",
               f"{r['beam5_bleu']:.2f}", f"{r['beam1_sents_per_s']:.1f}", f"{r['beam1_bleu']:.2f}",
               f"{r['latency_ms_beam5']:.1f}"] for r in rows]
-    md = markdown_table(header, table)
+    md = "\n".join(markdown_table(header, table))
     print(md)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "decode_speed.json").write_text(json.dumps({"meta": meta, "rows": rows},
@@ -150,6 +150,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency", type=int, default=100, help="sentences timed at batch 1")
+    parser.add_argument("--sentences", type=int, default=0, help="the first N only (0: all)")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     args = parser.parse_args()
     test = SHARED / "multi30k" / "test2016"
@@ -157,8 +158,9 @@ def main() -> None:
         sys.exit(f"skipped: needs {test}.en and a trained model in {args.model}")
     torch.set_num_threads(args.threads)
     translator = Translator.load(args.model)
-    lines = test.with_suffix(".en").read_text(encoding="utf-8").splitlines()
-    refs = test.with_suffix(".de").read_text(encoding="utf-8").splitlines()
+    keep = slice(0, args.sentences or None)
+    lines = test.with_suffix(".en").read_text(encoding="utf-8").splitlines()[keep]
+    refs = test.with_suffix(".de").read_text(encoding="utf-8").splitlines()[keep]
     sources = [translator.src_vocab.ids_to_pieces(translator.source_ids(line, False))
                for line in lines]
 
