@@ -33,7 +33,7 @@ from multi30k import ROOT, SHARED, markdown_table
 
 from xinda.decode.translator import Translator
 
-DEFAULT_MODEL = ROOT / "runs" / "serve" / "multi30k-1800"
+DEFAULT_MODEL = ROOT / "runs" / "serve" / "multi30k-en-de-1315"
 BATCH, BEAM = 64, 5
 Decode = Callable[[list[list[str]], int, int], list[list[str]]]  # pieces, beam, batch -> pieces
 

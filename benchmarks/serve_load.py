@@ -40,10 +40,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi30k import ROOT, SHARED, markdown_table
 
-DEFAULT_MODEL = ROOT / "runs" / "serve" / "multi30k-en-de"
+DEFAULT_MODEL = ROOT / "runs" / "serve" / "multi30k-en-de-1315"
 TRAIN_HINT = ("xinda prepare recipes/multi30k-en-de.yaml --set data.out_dir=runs/serve/data-bin"
               " && xinda train recipes/multi30k-en-de.yaml --set data.out_dir=runs/serve/data-bin"
-              " --set train.out_dir=runs/serve/multi30k-en-de --set train.max_seconds=600")
+              " --set train.out_dir=runs/serve/multi30k-en-de-1315 --set train.max_steps=1315")
 STARTUP_S = 180  # imports torch and loads the model on a busy machine
 STOP_S = 15  # SIGTERM, then SIGKILL after this long
 BACKOFF_S = 0.05  # a client's pause after a refusal (keeps 429s from spinning the CPU)
