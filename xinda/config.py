@@ -82,6 +82,9 @@ class TrainConfig(Strict):
     loss_chunk: int = Field(1024, ge=0)
     clip_norm: float = Field(0.0, ge=0)  # 0 = no clipping
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where fast
+    # entries of oneDNN's and ideep's caches of CPU kernels (xinda.device.limit_onednn_caches):
+    # few, since the batch shapes change at every update; 0 = leave the defaults (1024)
+    onednn_cache: int = Field(8, ge=0)
     save_every: int = Field(0, ge=0)  # checkpoint every N updates (0: only per epoch)
     keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
     run_validation: bool = True  # validation loss (and BLEU) at each epoch end
