@@ -79,7 +79,7 @@ class TrainConfig(Strict):
     label_smoothing: float = Field(0.1, ge=0, lt=1)
     # output layer + loss computed this many target positions at a time (no (tokens x vocab)
     # tensor of the whole batch); 0 = the whole batch at once
-    loss_chunk: int = Field(1024, ge=0)
+    loss_chunk: int = Field(256, ge=0)
     clip_norm: float = Field(0.0, ge=0)  # 0 = no clipping
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where fast
     # entries of oneDNN's and ideep's caches of CPU kernels (xinda.device.limit_onednn_caches):

@@ -122,3 +122,17 @@ def test_models_chunked_batch_loss_equals_full_logits(make_model, vocab, spec):
     assert grads.keys() == full_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, full_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_extreme_logits_stay_finite_and_exact():
+    """Probabilities that underflow to 0 in float32 (logits spread over hundreds)."""
+    hidden, output, target = _inputs(False)
+    with torch.no_grad():
+        output.weight.mul_(60.0)
+    want = _run(_reference, hidden, output, target, "fp32")
+    got = _run(lambda h, o, y: chunked_output_loss(h, o, y, 0.1, PAD, 4),
+               hidden, output, target, "fp32")
+    assert torch.isfinite(got[0]) and want[0] > 100
+    torch.testing.assert_close(got[:2], want[:2], rtol=1e-5, atol=1e-4)
+    for mine, ref in zip(got[2], want[2]):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5)

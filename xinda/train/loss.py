@@ -86,15 +86,10 @@ class _ChunkedOutputLoss(torch.autograd.Function):
         for start in range(0, hidden.size(0), chunk):
             h, y = hidden[start:start + chunk].to(dtype), target[start:start + chunk]
             logits = h @ w.t() if b is None else torch.addmm(b, h, w.t())  # z = h W^T + b
-            logp = torch.log_softmax(logits.float(), dim=-1)  # log p = z - logsumexp(z)
-            del logits
-            nll_c = -logp.gather(-1, y.unsqueeze(-1)).sum()  # sum of -log p_y
-            # loss = (1 - eps) * (-log p_y) + eps * mean_v(-log p_v)
-            loss += (1.0 - epsilon) * nll_c - epsilon * logp.mean(dim=-1).sum()
-            nll += nll_c
+            loss_c, nll_c, g = _chunk_loss(logits, y, epsilon, grads)
+            loss, nll = loss + loss_c, nll + nll_c
             if grads:
-                g = _grad_logits(logp, y, epsilon).to(dtype)  # d loss / d z = p - q
-                del logp
+                g = g.to(dtype)
                 grad_h[start:start + chunk] = g @ w  # d loss / d h = (p - q) W
                 grad_w += g.t() @ h  # d loss / d W = (p - q)^T h
                 if grad_b is not None:
@@ -115,12 +110,22 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                 None, None, None, None, None)
 
 
-def _grad_logits(logp: Tensor, target: Tensor, epsilon: float) -> Tensor:
-    """d loss / d logits = softmax - q, q = (1 - eps) * onehot(y) + eps / V, in logp's memory."""
-    grad = logp.exp_().sub_(epsilon / logp.size(-1))  # p - eps / V
-    grad.scatter_add_(-1, target.unsqueeze(-1),
-                      torch.full_like(grad[:, :1], -(1.0 - epsilon)))  # - (1 - eps) at y
-    return grad
+def _chunk_loss(logits: Tensor, target: Tensor, epsilon: float,
+                grads: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Summed smoothed loss and NLL of the rows of ``logits`` (n, V), and d loss / d logits
+    (float32, in the memory of the softmax) when ``grads``."""
+    z = logits.float()
+    p = torch.softmax(z, dim=-1)  # p = softmax(z)
+    # logsumexp(z) = max(z) - log max(p), exact and safe: the largest probability is >= 1 / V
+    lse = z.amax(dim=-1) - p.amax(dim=-1).log()
+    nll = (lse - z.gather(-1, target.unsqueeze(-1)).squeeze(-1)).sum()  # -log p_y = lse - z_y
+    # loss = (1 - eps) * (-log p_y) + eps * mean_v(-log p_v), mean_v(-log p_v) = lse - mean(z)
+    loss = (1.0 - epsilon) * nll + epsilon * (lse - z.mean(dim=-1)).sum()
+    if not grads:
+        return loss, nll, None
+    # d loss / d z = p - q, q = (1 - eps) * onehot(y) + eps / V
+    p.scatter_add_(-1, target.unsqueeze(-1), torch.full_like(p[:, :1], -(1.0 - epsilon)))
+    return loss, nll, p.sub_(epsilon / p.size(-1))
 
 
 def chunked_output_loss(hidden: Tensor, output: torch.nn.Linear, target: Tensor,
