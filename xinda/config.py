@@ -77,8 +77,14 @@ class TrainConfig(Strict):
     decay_factor: float = Field(0.5, gt=0, le=1)
     min_lr: float = 0.0
     label_smoothing: float = Field(0.1, ge=0, lt=1)
+    # output layer + loss computed this many target positions at a time (no (tokens x vocab)
+    # tensor of the whole batch); 0 = the whole batch at once
+    loss_chunk: int = Field(256, ge=0)
     clip_norm: float = Field(0.0, ge=0)  # 0 = no clipping
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where fast
+    # entries of oneDNN's and ideep's caches of CPU kernels (xinda.device.limit_onednn_caches):
+    # few, since the batch shapes change at every update; 0 = leave the defaults (1024)
+    onednn_cache: int = Field(8, ge=0)
     save_every: int = Field(0, ge=0)  # checkpoint every N updates (0: only per epoch)
     keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
     run_validation: bool = True  # validation loss (and BLEU) at each epoch end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import torch
@@ -39,3 +40,16 @@ def autocast(precision: str, device: torch.device):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)
+
+
+# oneDNN (the CPU bf16 matmuls) caches up to 1024 primitives and ideep up to 1024 computations,
+# each holding buffers sized for its shapes. Training meets new shapes at every batch, so the
+# two caches grow by gigabytes. Both read their capacity from these variables at first use.
+ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def limit_onednn_caches(capacity: int) -> None:
+    """Cap oneDNN's primitive cache and ideep's LRU cache at ``capacity`` entries, unless the
+    environment sets them already. Takes effect only before the process's first oneDNN op."""
+    for name in ONEDNN_CACHE_VARIABLES:
+        os.environ.setdefault(name, str(capacity))

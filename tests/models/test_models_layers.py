@@ -210,6 +210,23 @@ def test_dropout_is_deterministic_under_manual_seed():
     assert not torch.equal(a, drop(x))  # a fresh draw differs
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_equals_the_boolean_mask_formula(dtype):
+    """Same random lanes, same values and gradient as where(lane >= threshold, x / (1-p), 0)."""
+    drop = Dropout(0.1).train()
+    x = torch.randn(6, 7, 9, dtype=dtype, requires_grad=True)
+    grad = torch.randn(6, 7, 9, dtype=dtype)
+    torch.manual_seed(15)
+    y = drop(x)
+    y.backward(grad)
+    torch.manual_seed(15)
+    n = x.numel()
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+    keep = bits.view(torch.int16)[:n].view(x.shape) >= drop.threshold
+    assert torch.equal(y, torch.where(keep, x * drop.scale, 0.0))
+    assert torch.equal(x.grad, torch.where(keep, grad, 0.0) * drop.scale)
+
+
 def test_dropout_keeps_shape_and_dtype():
     y = Dropout(0.1).train()(torch.randn(3, 5, 7, dtype=torch.float64))
     assert y.shape == (3, 5, 7) and y.dtype == torch.float64

@@ -106,8 +106,22 @@ class Seq2SeqModel(nn.Module):
         """Select/reorder the batch dimension of every cached tensor in ``state``."""
         raise NotImplementedError
 
-    def forward(self, src: Tensor, prev: Tensor) -> Tensor:
-        return self.decode(prev, self.encode(src))[0]
+    def decode_hidden(self, prev: Tensor, enc: EncoderOut) -> Tensor:
+        """Teacher forcing without the output projection: prev (B, T) -> the states (B, T, D)
+        that ``self.output`` (an ``nn.Linear``) maps to the logits of ``decode``. Optional:
+        training computes the loss in chunks from them (``xinda.train.loss``)."""
+        raise NotImplementedError
+
+    @property
+    def has_hidden(self) -> bool:
+        """Does this model implement ``decode_hidden``?"""
+        return type(self).decode_hidden is not Seq2SeqModel.decode_hidden
+
+    def forward(self, src: Tensor, prev: Tensor, hidden: bool = False) -> Tensor:
+        """Teacher-forced logits (B, T, V), or with ``hidden`` the states before the output
+        projection (B, T, D)."""
+        enc = self.encode(src)
+        return self.decode_hidden(prev, enc) if hidden else self.decode(prev, enc)[0]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())

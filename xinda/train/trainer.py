@@ -37,13 +37,13 @@ from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, save_config
 from xinda.data.batching import Batch, collate, make_batches
 from xinda.data.manifest import load_manifest, load_split, load_vocabularies
-from xinda.device import autocast, pick_precision
+from xinda.device import autocast, limit_onednn_caches, pick_precision
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact
-from xinda.train.loss import corpus_loss, label_smoothed_nll
+from xinda.train.loss import LossSetup, batch_loss, corpus_loss
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.utils import atomic_write_text
 
@@ -80,6 +80,8 @@ class Trainer:
         self.data_dir = Path(data_dir or cfg.data.out_dir)
         if tc.threads:
             torch.set_num_threads(tc.threads)
+        if tc.onednn_cache:
+            limit_onednn_caches(tc.onednn_cache)
         self.ranks = Ranks.from_env(tc.device, tc.dist_timeout)
         torch.manual_seed(tc.seed)
         self.device = self.ranks.device
@@ -90,6 +92,12 @@ class Trainer:
         self.model = build_model(self.model_cfg, self.vocab).to(self.device)
         self.net = self.model  # what trains: in DistributedDataParallel with several ranks
         self.ranks.seed_rank(tc.seed)
+        # DDP finds unused weights from the forward outputs: an untied output layer applied
+        # outside forward (chunked loss) would look unused, so that case keeps the full logits
+        self.find_unused = getattr(self.model_cfg, "layer_dropout", 0) > 0
+        chunk = 0 if self.ranks.enabled and self.find_unused else tc.loss_chunk
+        self.loss_setup = LossSetup(tc.label_smoothing, self.vocab.pad, chunk, self.precision,
+                                    self.device)
         self.optimizer = make_optimizer(tc, self.model.parameters())
         self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
@@ -171,7 +179,7 @@ class Trainer:
                 self.prepare_output_dir(resume)
             if resume:
                 self.resume()
-            self.net = self.ranks.wrap(self.model, getattr(self.model_cfg, "layer_dropout", 0) > 0)
+            self.net = self.ranks.wrap(self.model, self.find_unused)
             with self.stop_on_signals():
                 progress = self._train()
         self.ranks.close()
@@ -307,10 +315,7 @@ class Trainer:
         loss_sum = nll_sum = 0.0
         for i, batch in enumerate(batches):
             with self.ranks.no_sync(self.net, sync=i + 1 == len(batches)):
-                with autocast(self.precision, self.device):
-                    logits = self.net(batch.src, batch.prev)
-                loss, nll = label_smoothed_nll(logits, batch.target, tc.label_smoothing,
-                                               self.vocab.pad)
+                loss, nll = batch_loss(self.net, self.model, batch, self.loss_setup)
                 self.scaler.scale(loss * weight / ntokens).backward()
             loss_sum += float(loss.detach()) * bool(weight)
             nll_sum += float(nll.detach()) * bool(weight)
@@ -366,8 +371,8 @@ class Trainer:
         """Per-token validation loss/NLL and, with a ``valid_bleu`` scorer, BLEU."""
         self.model.eval()
         src, tgt = load_split(self.data_dir, "valid")
-        scores = corpus_loss(self.model, (src, tgt), self.vocab, self.cfg.train.max_tokens,
-                             self.cfg.train.label_smoothing, self.precision, self.device)
+        scores = corpus_loss(self.model, (src, tgt), self.cfg.train.max_tokens,
+                             self.loss_setup, self.vocab)
         if self.valid_bleu is not None:
             with torch.no_grad(), autocast(self.precision, self.device):
                 scores["bleu"] = self.valid_bleu(self.model)

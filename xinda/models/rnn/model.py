@@ -67,5 +67,10 @@ class RNNModel(Seq2SeqModel):
         logits = self.output(self.dropout(readout))  # (B, T, V)
         return logits, attn if need_weights else None
 
+    def decode_hidden(self, prev: Tensor, enc: RNNEncoderOut) -> Tensor:
+        """The (dropped-out) readout (B, T, H) that ``output`` projects to the logits."""
+        readout, _ = self.decoder(self.dropout(self.tgt_embed(prev)), enc, {})
+        return self.dropout(readout)
+
     def reorder_state(self, state: dict, order: Tensor) -> None:
         reorder_nested(state, order)

@@ -208,6 +208,16 @@ class Transformer(Seq2SeqModel):
 
     def decode(self, prev: Tensor, enc: EncoderOut, state: dict | None = None,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        x, attn = self._decode_states(prev, enc, state, need_weights)
+        return self.output(x), attn  # (B, T, V), (B, T, S)
+
+    def decode_hidden(self, prev: Tensor, enc: EncoderOut) -> Tensor:
+        return self._decode_states(prev, enc, None, False)[0]
+
+    def _decode_states(self, prev: Tensor, enc: EncoderOut, state: dict | None,
+                       need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The final (normalised) decoder states (B, T, D) and the last layer's cross-attention
+        weights (B, T, S) when asked."""
         start = 0 if state is None else state.get("step", 0)
         x = self.tgt_embed(prev, start=start)  # (B, T, D)
         caches: list = [None] * len(self.decoder_layers)
@@ -225,7 +235,7 @@ class Transformer(Seq2SeqModel):
         else:
             layers = [lambda y, group=group: run_plain(y, group) for group in sublayers]
             x = self.decoder_connection(x, self._units_of(layers, sublayers))
-        return self.output(self.decoder_norm(x)), found.get("attn")  # (B, T, V), (B, T, S)
+        return self.decoder_norm(x), found.get("attn")
 
     def reorder_state(self, state: dict, order: Tensor) -> None:
         """Self-attention caches follow the rows; cross-attention caches, one row per
