@@ -59,8 +59,7 @@ def test_a_signal_saves_the_last_update_and_resume_equals_an_uninterrupted_run(
         prepared, write_config, xinda, xinda_popen, tmp_path, sig):
     b_dir = tmp_path / "B"
     config_b = write_config(tmp_path / "B.yaml", prepared.raw, prepared.data_dir, b_dir,
-                            train={**TRAIN, "max_steps": 100_000, "max_epochs": 100_000,
-                                   "out_dir": str(b_dir)})  # runs until the signal
+                            train={**TRAIN, "max_steps": 100_000, "out_dir": str(b_dir)})
     with (tmp_path / "B.log").open("w") as out:
         proc = xinda_popen("train", config_b, stdout=out, stderr=out)
         try:
