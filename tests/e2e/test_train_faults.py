@@ -54,7 +54,15 @@ def assert_same_run(a_dir, b_dir, step):
             assert torch.equal(tensor, state_b["optimizer"]["state"][index][key]), (index, key)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+# A shell without job control starts background commands with SIGINT ignored, and the ignoring
+# is inherited: xinda then (rightly) leaves SIGINT alone, so those cases cannot run there.
+SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT", marks=pytest.mark.skipif(
+               signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+               reason="SIGINT is ignored in this process (started in the background)")),
+           pytest.param(signal.SIGTERM, id="SIGTERM")]
+
+
+@pytest.mark.parametrize("sig", SIGNALS)
 def test_a_signal_saves_the_last_update_and_resume_equals_an_uninterrupted_run(
         prepared, write_config, xinda, xinda_popen, tmp_path, sig):
     b_dir = tmp_path / "B"
@@ -118,7 +126,7 @@ def signal_inside_update(trainer: Trainer, sig: int, at_step: int, times: int = 
     trainer.optimizer.zero_grad = zero_grad_then_signal
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", SIGNALS)
 def test_a_signal_inside_an_update_saves_that_update_whole(prepared, write_config, tmp_path,
                                                            sig):
     before = signal.getsignal(sig)
