@@ -120,8 +120,8 @@ class MultiHeadAttention(nn.Module):
     (static) memory once per sentence and caches them. The fast path is PyTorch's fused
     ``scaled_dot_product_attention``; ``need_weights=True`` takes the readable reference path
     and also returns the attention weights averaged over heads (B, T, S). Training with
-    attention dropout writes the attention out (``_attend_with_dropout``): there SDPA takes its
-    unfused path on CPU, with boolean masking and ``bernoulli_`` draws, which is slower.
+    attention dropout on CPU writes the attention out (``_attend_with_dropout``): there SDPA
+    takes its unfused path, with boolean masking and ``bernoulli_`` draws, which is slower.
     """
 
     def __init__(self, dim: int, heads: int, dropout: float, self_attention: bool):
@@ -180,7 +180,7 @@ class MultiHeadAttention(nn.Module):
         if need_weights:
             out, weights = attention_reference(q, k, v, keep, p)
             weights = weights.mean(1)
-        elif p > 0:
+        elif p > 0 and q.device.type == "cpu":  # GPUs keep SDPA's fused dropout kernels
             out, weights = self._attend_with_dropout(q, k, v, keep, causal), None
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
