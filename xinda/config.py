@@ -85,6 +85,9 @@ class TrainConfig(Strict):
     # entries of oneDNN's and ideep's caches of CPU kernels (xinda.device.limit_onednn_caches):
     # few, since the batch shapes change at every update; 0 = leave the defaults (1024)
     onednn_cache: int = Field(8, ge=0)
+    # glibc: keep freed memory in the heap for the next update instead of returning it to the
+    # OS and faulting it in again (xinda.device.keep_freed_heap)
+    keep_heap: bool = True
     save_every: int = Field(0, ge=0)  # checkpoint every N updates (0: only per epoch)
     keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
     run_validation: bool = True  # validation loss (and BLEU) at each epoch end

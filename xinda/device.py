@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 from pathlib import Path
 
@@ -53,3 +55,29 @@ def limit_onednn_caches(capacity: int) -> None:
     environment sets them already. Takes effect only before the process's first oneDNN op."""
     for name in ONEDNN_CACHE_VARIABLES:
         os.environ.setdefault(name, str(capacity))
+
+
+# glibc's mallopt parameters, and the largest mmap threshold it accepts (64-bit)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX = -1, -3, 32 << 20
+
+
+def keep_freed_heap(trim_threshold: int = 1 << 30) -> bool:
+    """glibc: serve allocations up to 32 MB from the heap and give freed heap memory back to
+    the OS only beyond ``trim_threshold`` bytes. By default a training step's freed tensors
+    go back to the OS and are faulted in again, page by page, at the next step (50-100k page
+    faults per step of transformer-small). False where mallopt is not available."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+                and mallopt(M_TRIM_THRESHOLD, trim_threshold))
+
+
+def tune_training_memory(onednn_cache: int, keep_heap: bool) -> None:
+    """``train.onednn_cache`` and ``train.keep_heap``: see the two functions above."""
+    if onednn_cache:
+        limit_onednn_caches(onednn_cache)
+    if keep_heap:
+        keep_freed_heap()

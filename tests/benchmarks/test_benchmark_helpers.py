@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import ablation
 import deep_stability
+import train_memory
 
 
 def write_targets(data_bin: Path, sentences: list[list[int]]) -> None:
@@ -63,3 +64,15 @@ def test_ablation_compares_losses_at_the_latest_update_every_run_reached():
 
 def test_ablation_without_logged_losses_has_no_common_update():
     assert ablation.common_update([run("a", 1, 1.0, [[0, 1.0]]) | {"train_curve": []}]) is None
+
+
+def test_train_memory_summary_takes_medians_per_variant_and_ratios():
+    runs = [{"variant": v, "peak_rss_mb": rss, "tgt_tok_per_s": tok, "tgt_tok_per_cpu_s": tok / 2}
+            for v, rss, tok in [("A", 3000, 1000), ("B", 1000, 2000), ("A", 2000, 3000),
+                                ("B", 1500, 2500), ("A", 2500, 2000), ("B", 1200, 4000)]]
+    result = train_memory.summary(runs)
+    assert result["median"]["A"] == {"peak_rss_mb": 2500, "tgt_tok_per_s": 2000,
+                                     "tgt_tok_per_cpu_s": 1000}
+    assert result["median"]["B"]["peak_rss_mb"] == 1200
+    assert result["b_over_a"] == {"peak_rss_mb": 0.48, "tgt_tok_per_s": 1.25,
+                                  "tgt_tok_per_cpu_s": 1.25}

@@ -150,6 +150,28 @@ def test_self_attention_cache_matches_full_causal_pass(self_attn, need_weights):
     assert cache["k"].shape == (2, H, 6, D // H)
 
 
+@pytest.mark.parametrize("mask", ["padding", "causal", "causal-behind-cache", "both"])
+def test_training_attention_with_dropout_equals_reference(mask):
+    """The training path (dropout on the weights, additive mask) = the reference with the
+    same ``Dropout`` draw applied to its weights."""
+    attn = MultiHeadAttention(D, H, dropout=0.2, self_attention=True).train()
+    torch.manual_seed(16)
+    t, s = (3, 5) if mask == "causal-behind-cache" else (5, 5)
+    q, k, v = torch.randn(2, H, t, D // H), torch.randn(2, H, s, D // H), torch.randn(2, H, s, D // H)
+    keep = _pad_keep([5, 3], s) if mask in ("padding", "both") else None
+    causal = mask != "padding"
+    torch.manual_seed(17)
+    out = attn._attend_with_dropout(q, k, v, keep, causal)
+    allowed = keep
+    if causal:  # bottom-right aligned: query i sees keys up to i + s - t
+        future = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+        allowed = future if keep is None else keep & future
+    _, weights = attention_reference(q, k, v, allowed)
+    torch.manual_seed(17)
+    expected = attn.weight_dropout(weights) @ v
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_attention_reference_is_softmax_qk_v():
     torch.manual_seed(11)
     q, k, v = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)

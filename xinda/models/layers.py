@@ -99,13 +99,29 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
     return F.dropout(weights, dropout) @ v, weights
 
 
+def attention_bias(keep: Tensor | None, causal: bool, t: int, s: int,
+                   dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """The additive form of the attention mask, 0 where a query may look and -inf elsewhere:
+    ``keep`` (bool, True = attend) and/or the causal mask, aligned bottom-right (query i of t
+    sees keys up to i + s - t). Broadcastable to (B, H, t, s)."""
+    bias = None
+    if keep is not None:
+        bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, -math.inf)
+    if causal:
+        future = torch.full((t, s), -math.inf, dtype=dtype, device=device).triu_(s - t + 1)
+        bias = future if bias is None else bias + future
+    return bias
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani eq. 4-5) with a key/value cache for incremental decoding.
 
     Self-attention projects q, k, v with one fused matmul; cross-attention projects k, v of the
     (static) memory once per sentence and caches them. The fast path is PyTorch's fused
     ``scaled_dot_product_attention``; ``need_weights=True`` takes the readable reference path
-    and also returns the attention weights averaged over heads (B, T, S).
+    and also returns the attention weights averaged over heads (B, T, S). Training with
+    attention dropout on CPU writes the attention out (``_attend_with_dropout``): there SDPA
+    takes its unfused path, with boolean masking and ``bernoulli_`` draws, which is slower.
     """
 
     def __init__(self, dim: int, heads: int, dropout: float, self_attention: bool):
@@ -120,6 +136,7 @@ class MultiHeadAttention(nn.Module):
             self.q = nn.Linear(dim, dim)
             self.kv = nn.Linear(dim, 2 * dim)
         self.out = nn.Linear(dim, dim)
+        self.weight_dropout = Dropout(dropout)  # on the attention weights, in training
         for lin in (m for m in self.children() if isinstance(m, nn.Linear)):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -178,8 +195,20 @@ class MultiHeadAttention(nn.Module):
         if need_weights:
             out, weights = attention_reference(q, k, v, keep, p)
             return out, weights.mean(1)
+        if p > 0 and q.device.type == "cpu":  # GPUs keep SDPA's fused dropout kernels
+            return self._attend_with_dropout(q, k, v, keep, causal), None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
                                               is_causal=causal and keep is None), None
+
+    def _attend_with_dropout(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
+                             causal: bool) -> Tensor:
+        """dropout(softmax(q k^T / sqrt(Dh) + mask)) v (Vaswani eq. 1), the mask additive
+        (``attention_bias``), the dropout ``Dropout``. (B, H, T, Dh) -> (B, H, T, Dh)."""
+        scores = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)  # (B, H, T, S)
+        bias = attention_bias(keep, causal, q.size(2), k.size(2), scores.dtype, q.device)
+        if bias is not None:
+            scores = scores + bias
+        return self.weight_dropout(torch.softmax(scores, dim=-1)) @ v
 
 
 def _rows_to_queries(q: Tensor, group: int) -> Tensor:

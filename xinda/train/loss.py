@@ -102,8 +102,6 @@ class _ChunkedOutputLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        if grad_h is None:
-            raise RuntimeError("chunked loss: computed without gradients (under no_grad)")
         h_dtype, w_dtype = ctx.dtypes
         grad_b = None if grad_b is None else (grad_b * grad_loss).to(w_dtype)
         return ((grad_h * grad_loss).to(h_dtype), (grad_w * grad_loss).to(w_dtype), grad_b,

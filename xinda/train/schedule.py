@@ -49,9 +49,9 @@ def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                weight_decay=cfg.weight_decay, foreach=True)
+                                weight_decay=cfg.weight_decay, fused=True)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, foreach=True)
+                           weight_decay=cfg.weight_decay, fused=True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -37,7 +37,7 @@ from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, save_config
 from xinda.data.batching import Batch, collate, make_batches
 from xinda.data.manifest import load_manifest, load_split, load_vocabularies
-from xinda.device import autocast, limit_onednn_caches, pick_precision
+from xinda.device import autocast, pick_precision, tune_training_memory
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model, resolve
@@ -80,8 +80,7 @@ class Trainer:
         self.data_dir = Path(data_dir or cfg.data.out_dir)
         if tc.threads:
             torch.set_num_threads(tc.threads)
-        if tc.onednn_cache:
-            limit_onednn_caches(tc.onednn_cache)
+        tune_training_memory(tc.onednn_cache, tc.keep_heap)
         self.ranks = Ranks.from_env(tc.device, tc.dist_timeout)
         torch.manual_seed(tc.seed)
         self.device = self.ranks.device

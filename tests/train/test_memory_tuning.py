@@ -1,8 +1,11 @@
-"""Training caps oneDNN's kernel caches unless the environment already does."""
+"""Training tunes CPU memory: oneDNN kernel caches capped (unless the environment sets them), glibc
+keeps freed heap memory."""
 
 import os
+import platform
+import sys
 
-from xinda.device import ONEDNN_CACHE_VARIABLES, limit_onednn_caches
+from xinda.device import ONEDNN_CACHE_VARIABLES, keep_freed_heap, limit_onednn_caches
 
 
 def test_limit_sets_both_capacities(monkeypatch):
@@ -18,3 +21,7 @@ def test_environment_wins(monkeypatch):
     limit_onednn_caches(8)
     assert os.environ["LRU_CACHE_CAPACITY"] == "100"
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
+
+
+def test_keep_freed_heap_sets_glibc_options():
+    assert keep_freed_heap() is (sys.platform == "linux" and platform.libc_ver()[0] == "glibc")
