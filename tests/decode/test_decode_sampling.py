@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xinda.config import DecodeConfig
+from xinda.decode import search
 from xinda.decode.sampling import SamplingConfig, sample, top_k_filter, top_p_filter
 from xinda.decode.search import greedy_search, length_penalty, max_lengths
 from xinda.errors import XindaError
@@ -74,7 +75,7 @@ def test_n_samples_ranked_by_score_with_model_logprobs(family, make_model, make_
                                       SamplingConfig(temperature=1e-6, n=2, seed=9)],
                          ids=["top_k=1", "temperature->0"])
 def test_top_k_one_and_cold_temperature_are_greedy(family, sampling, make_model, make_src):
-    model = make_model(SPECS[family], 2, eos_bias=1.0)
+    model = make_model(SPECS[family], 2, eos_bias=0.0)
     src = make_src(LENGTHS, 2)
     greedy = greedy_search(model, src, DEC)
     for g, hyps in zip(greedy, sample(model, src, DEC, sampling)):
@@ -136,3 +137,36 @@ def test_sampling_settings_default_to_the_decode_config():
     assert SamplingConfig.from_decode(on) == SamplingConfig(top_p=0.9, n=3, seed=4)
     assert SamplingConfig() == SamplingConfig(dec.temperature, dec.top_k, dec.top_p,
                                               dec.samples, dec.seed)
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_dropping_finished_sentences_changes_nothing(family, n, make_model, make_src,
+                                                     monkeypatch):
+    """Rows of finished sentences leave the batch (``_drop_finished_sentences``); greedy rows
+    and samples, with their attention, equal those of a search that decodes every row to the
+    end."""
+    model = make_model(SPECS[family], 2, eos_bias=0.0)
+    src = make_src(LENGTHS, 2)
+    dropped: list[int] = []
+    drop = search._drop_finished_sentences
+
+    def counting(model, state, enc, alive, done, n):
+        alive2, enc2 = drop(model, state, enc, alive, done, n)
+        dropped.append(alive.numel() - alive2.numel())
+        return alive2, enc2
+
+    def run():
+        if n == 1:
+            return [[h] for h in greedy_search(model, src, DEC, need_attention=True)]
+        return sample(model, src, DEC, SamplingConfig(n=n, seed=4), need_attention=True)
+
+    monkeypatch.setattr(search, "_drop_finished_sentences", counting)
+    pruned = run()
+    assert sum(dropped) > 0  # some sentences did finish early
+    monkeypatch.setattr(search, "_drop_finished_sentences", lambda m, s, e, alive, d, n: (alive, e))
+    full = run()
+    assert summary(pruned) == summary(full)
+    for a, b in zip(pruned, full):
+        for h, g in zip(a, b):
+            torch.testing.assert_close(h.attention, g.attention)

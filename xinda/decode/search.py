@@ -118,31 +118,47 @@ def decode_rows(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig, choose: Cho
     logprob = torch.zeros(rows, device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)
     failed = torch.zeros(rows, dtype=torch.bool, device=device)
+    alive = torch.arange(rows, device=device)  # rows still decoded (of unfinished sentences)
     attns, state = [], {}
     for step in range(int(limits.max())):
-        logp, attn = _step_logprobs(model, tokens[:, -1:], enc, state, need_attention,
-                                    step + 1 >= limits, step < low)
-        live = ~done
+        logp, attn = _step_logprobs(model, tokens[alive, -1:], enc, state, need_attention,
+                                    step + 1 >= limits[alive], step < low[alive])
+        live = ~done[alive]
         if constraints:
-            logp[live] = apply_constraints(constraints, step, tokens[live], sentence[live],
-                                           logp[live])
-        failed |= live & ~logp.isfinite().any(-1)
+            logp[live] = apply_constraints(constraints, step, tokens[alive[live]],
+                                           sentence[alive[live]], logp[live])
+        failed[alive] |= live & ~logp.isfinite().any(-1)
         done |= failed
-        best = torch.full_like(sentence, vocab.pad)  # (R,) finished rows: PAD
-        best[~done] = choose(logp[~done])
-        logprob += logp.gather(1, best[:, None])[:, 0].masked_fill(done, 0.0)
-        tokens = torch.cat([tokens, best[:, None]], dim=1)
+        going = ~done[alive]
+        best = torch.full_like(alive, vocab.pad)  # finished rows: PAD
+        best[going] = choose(logp[going])
+        logprob[alive] += logp.gather(1, best[:, None])[:, 0].masked_fill(~going, 0.0)
+        tokens = torch.cat([tokens, torch.full_like(sentence, vocab.pad)[:, None]], dim=1)
+        tokens[alive, -1] = best
         if attn is not None:
-            attns.append(attn)
-        done |= best.eq(vocab.eos)
+            attns.append(attn.new_zeros(rows, attn.size(1)).index_copy_(0, alive, attn))
+        done[alive] |= best.eq(vocab.eos)
         if done.all():
             break
+        alive, enc = _drop_finished_sentences(model, state, enc, alive, done[alive], n)
     hyps: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
     for i in (~failed).nonzero()[:, 0].tolist():
         attn = torch.stack([a[i] for a in attns]) if attns else None
         hyps[int(sentence[i])].append(
             _row_hypothesis(tokens[i, 1:], float(logprob[i]), dec.alpha, vocab.eos, attn))
     return [sorted(row, key=lambda h: -h.score) for row in hyps]
+
+
+def _drop_finished_sentences(model: Seq2SeqModel, state: dict, enc, alive: Tensor,
+                             done: Tensor, n: int):
+    """Stop decoding the sentences whose ``n`` rows are all done: the decoder state and the
+    encoder output keep the other sentences' rows. alive (A,) rows, done (A,) -> both again."""
+    keep = ~done.view(-1, n).all(1).repeat_interleave(n)  # (A,)
+    if keep.all():
+        return alive, enc
+    kept = keep.nonzero()[:, 0]
+    model.reorder_state(state, kept)
+    return alive[kept], enc.select(kept, n)
 
 
 def _row_hypothesis(row: Tensor, logprob: float, alpha: float, eos: int,
