@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from xinda.serve import tasks
 from xinda.serve.app import create_app
 from xinda.serve.settings import ServeSettings
 
@@ -44,21 +43,6 @@ def test_concurrent_requests_share_batches_with_the_same_results(make_client):
         assert metric(client, "xinda_batch_requests_sum", model="numbers") == 2 * len(LINES)
         assert [t["nbest"][0]["text"] for t in together] == [t["nbest"][0]["text"]
                                                               for t in alone]
-
-
-def test_a_batch_is_decoded_in_one_call_whatever_decode_batch_size(served_models, monkeypatch):
-    """The worker's limits make the batch; the model's decode.batch_size (for files) does not
-    split it again."""
-    translator = served_models["numbers"].translator
-    sizes: list[int] = []
-    decode_batch = translator._decode_batch
-    monkeypatch.setattr(translator, "_decode_batch",
-                        lambda batch, *a: sizes.append(len(batch)) or decode_batch(batch, *a))
-    options = {"decode": {"beam": 2, "batch_size": 2}, "constraints": {}, "attention": False}
-    together = tasks.translate(translator, options, [(line, None) for line in LINES])
-    assert sizes == [len(LINES)]
-    alone = [tasks.translate(translator, options, [(line, None)])[0] for line in LINES]
-    assert [n[0].text for n in together] == [n[0].text for n in alone]
 
 
 def test_batching_can_be_switched_off(make_client):

@@ -23,14 +23,12 @@ Line = tuple[str, str | None]  # a text to translate and its target prefix (None
 def translate(translator: Translator, options: dict, inputs: Sequence[Line]
               ) -> list[list[Translation]]:
     """``options``: {"decode": DecodeConfig fields, "constraints": constraints_for keywords
-    (without prefixes), "attention": bool}; a prefix applies to its own line only. The worker's
-    limits made the batch, so it is decoded as one (not in chunks of decode.batch_size)."""
+    (without prefixes), "attention": bool}; a prefix applies to its own line only."""
     lines = [line for line, _ in inputs]
     prefixes = [prefix or "" for _, prefix in inputs] if any(p for _, p in inputs) else None
     constraints = translator.constraints_for(lines, prefixes, **options["constraints"])
     return translator.translate(lines, constraints=constraints,
-                                need_attention=options["attention"],
-                                **{**options["decode"], "batch_size": max(len(lines), 1)})
+                                need_attention=options["attention"], **options["decode"])
 
 
 def couplets(translator: Translator, options: dict, inputs: Sequence[str]) -> list[list[Output]]:
