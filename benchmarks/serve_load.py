@@ -2,7 +2,7 @@
 too small for the load.
 
     python benchmarks/serve_load.py [--model runs/serve/multi30k-en-de] [--clients 50]
-        [--seconds 60] [--warmup 5] [--repeats 1] [--threads 1] [--precision fp32|int8]
+        [--seconds 60] [--warmup 5] [--repeats 1] [--threads 0] [--precision fp32|int8]
         [--out-dir docs/results]
 
 Each run starts its own ``xinda serve`` on a free 127.0.0.1 port, waits for /health, then
@@ -87,8 +87,9 @@ def rss_mb(pid: int) -> float:
 def start_server(model: Path, options: list[str], threads: int, port: int, log: Path) -> Server:
     """Start ``python -m xinda.cli serve`` (so the PID is the server's) and wait for /health."""
     port = port or free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if threads:  # else the server's default (torch's: one per core)
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, "-m", "xinda.cli", "serve", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--threads", str(threads), *options]
     with log.open("wb") as out:
@@ -295,7 +296,7 @@ def report(runs: list[dict], summary: dict, args: argparse.Namespace) -> str:
                   m["mean_batch_requests"]]
                  for name, m in summary["medians"].items()]
     title = (f"`xinda serve` load: {summary['model']}, {args.clients} clients, "
-             f"{args.seconds:g} s (+{args.warmup:g} s warm-up), server threads {args.threads}, "
+             f"{args.seconds:g} s (+{args.warmup:g} s warm-up), server threads {args.threads or 'default'}, "
              f"{os.cpu_count()} CPUs")
     lines = [title, "", *markdown_table(header, rows), "",
              f"sentences/s batching on / off: **{summary['ratio_on_off']}**", ""]
@@ -322,7 +323,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds first")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved on/off pairs")
-    ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="the server's torch threads (0: its default, one per core)")
     ap.add_argument("--precision", default=None,
                     help="the server's decode precision (default: the model's)")
     ap.add_argument("--beam", type=int, default=None, help="beam size (default: the model's)")
