@@ -1,8 +1,9 @@
 """Multi30k en->de (or Tatoeba zh->en) end to end with the peer benchmark's matched config.
 
-    python benchmarks/multi30k.py [--budget 1800] [--pair en-de|zh-en] [--workdir DIR]
+    python benchmarks/multi30k.py [--budget 1800 | --updates N] [--pair en-de|zh-en]
+        [--workdir DIR]
 
-Runs ``xinda prepare``, ``xinda train`` (wall-clock budget) and ``xinda translate`` (beam 5)
+Runs ``xinda prepare``, ``xinda train`` (wall-clock budget, or exactly N updates) and ``xinda translate`` (beam 5)
 as separate processes under ``/usr/bin/time -v`` and reports train target tokens/s, peak RSS,
 BLEU/chrF (sacrebleu) on the test set and decode sentences/s. Not a test: it takes the budget
 plus a few minutes. Needs ../shared/data (skips with a message when absent).
@@ -108,6 +109,9 @@ def timed(cmd: list[str], log_path: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=1800.0, help="training seconds")
+    ap.add_argument("--updates", type=int, default=0,
+                    help="train exactly this many updates instead of --budget seconds: BLEU "
+                         "after N updates does not depend on the machine's speed or load")
     ap.add_argument("--pair", choices=sorted(PAIRS), default="en-de")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=2)
@@ -119,7 +123,9 @@ def main() -> None:
     work = (args.workdir or ROOT / "runs" / f"bench-{args.pair}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     cfg_path = work / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(experiment(pair, work, args.budget, args.threads)))
+    cfg = experiment(pair, work, 0 if args.updates else args.budget, args.threads)
+    cfg["train"]["max_steps"] = args.updates
+    cfg_path.write_text(yaml.safe_dump(cfg))
     os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     xinda = [sys.executable, "-m", "xinda.cli"]
 
@@ -145,7 +151,8 @@ def main() -> None:
     bleu = sacrebleu.metrics.BLEU(**({"tokenize": pair["tokenize"]} if pair["tokenize"] else {}))
     chrf = sacrebleu.metrics.CHRF()
     result = {
-        "pair": args.pair, "budget_s": args.budget, "updates": stats["steps"],
+        "pair": args.pair, "budget_s": None if args.updates else args.budget,
+        "updates": stats["steps"], "train_seconds": round(stats["train_seconds"], 1),
         "train_tgt_tok_per_s": round(stats["tgt_tok_per_s"], 1),
         "train_peak_rss_mb": round(train["peak_rss_mb"]), "precision": stats["precision"],
         "bleu": round(bleu.corpus_score(hyps, [refs]).score, 2),
