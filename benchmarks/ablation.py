@@ -67,7 +67,6 @@ SYSTEMS = {
     "dlcl": {**SMALL, "dense": "both"},
 }
 EDGES = (10, 20)  # buckets 1-10, 11-20, 21+: the test sets are short captions / sentences
-UNIT = {"en-de": "words", "zh-en": "chars"}  # zh has no spaces: count characters
 
 
 def raw_file(prefix: Path, lang: str) -> Path:
@@ -136,7 +135,7 @@ def run_one(pair_name: str, pair_dir: Path, system: str, seed: int, budget: floa
     hyps = list(read_lines(hyp_path))
     bleu, chrf = corpus_scores(hyps, refs, metrics=("bleu", "chrf"), tokenize=pair["tokenize"])
     by_length = bleu_by_length(sources, hyps, refs, edges=EDGES, tokenize=pair["tokenize"],
-                               unit=UNIT[pair_name])
+                               unit=pair["unit"])
     result = {
         "pair": pair_name, "system": system, "seed": seed, "model": cfg["model"],
         "budget_s": budget, "params": stats["parameters"], "updates": stats["steps"],
@@ -145,7 +144,7 @@ def run_one(pair_name: str, pair_dir: Path, system: str, seed: int, budget: floa
         "bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2),
         "bleu_signature": bleu.signature,
         "bleu_by_length": [{**row, "bleu": round(row["bleu"], 2)} for row in by_length],
-        "length_unit": UNIT[pair_name],
+        "length_unit": pair["unit"],
         "decode_sents_per_s": float(speed.group(1)) if speed else None,
         "decode_process_wall_s": round(dec["wall_s"], 1),
         "train_curve": train_curve(run_dir),
@@ -209,7 +208,7 @@ def markdown(pair_name: str, rows: list[dict], budget: float) -> str:
     pair = PAIRS[pair_name]
     buckets = sorted({b for r in rows for b in r["bleu_by_length"]}, key=_bucket_key)
     sentences = {b: n for r in rows for b, n in r["bucket_sentences"].items()}
-    unit = "whitespace words" if UNIT[pair_name] == "words" else "characters"
+    unit = "whitespace words" if pair["unit"] == "words" else "characters"
     seeds = sorted({s for r in rows for s in r["seeds"]})
     at = rows[0]["loss_at_update"] if rows else None
     lines = [

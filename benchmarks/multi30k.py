@@ -28,10 +28,19 @@ SHARED = Path(os.environ.get("XINDA_SHARED_DATA", ROOT.parent / "shared" / "data
 PAIRS = {
     # Multi30k: raw text straight into a joint 8k BPE, as in ../shared/bench.
     "en-de": {"corpus": "multi30k", "src": "en", "tgt": "de", "test": "test2016",
-              "pretok_src": "none", "pretok_tgt": "none", "tokenize": None},
-    # Tatoeba zh-en: jieba words for Chinese, joint 8k BPE; English BLEU with 13a.
+              "pretok_src": "none", "pretok_tgt": "none", "tokenize": None, "unit": "words"},
+    # The fusion paper's direction on the same corpus.
+    "de-en": {"corpus": "multi30k", "src": "de", "tgt": "en", "test": "test2016",
+              "pretok_src": "none", "pretok_tgt": "none", "tokenize": None, "unit": "words"},
+    # Tatoeba zh-en: jieba words for Chinese, joint 8k BPE; English BLEU with 13a; source
+    # length in characters (Chinese has no spaces).
     "zh-en": {"corpus": "tatoeba-zh-en", "src": "zh", "tgt": "en", "test": "test",
-              "pretok_src": "jieba", "pretok_tgt": "none", "tokenize": None},
+              "pretok_src": "jieba", "pretok_tgt": "none", "tokenize": None, "unit": "chars"},
+    # Classical -> modern Chinese (300k pairs, recipes/classical-modern.yaml): raw characters,
+    # full-width punctuation kept; BLEU on characters (sacrebleu zh).
+    "lzh-zh": {"corpus": "classical-modern", "src": "lzh", "tgt": "zh", "test": "test",
+               "pretok_src": "none", "pretok_tgt": "none", "tokenize": "zh", "unit": "chars",
+               "data": {"normalize": "NFC", "character_coverage": 0.9995}},
 }
 
 
@@ -42,7 +51,7 @@ def experiment(pair: dict, workdir: Path, budget: float, threads: int) -> dict:
                  "valid": str(data / "valid"), "test": {pair["test"]: str(data / pair["test"])},
                  "out_dir": str(workdir / "data-bin"), "pretok_src": pair["pretok_src"],
                  "pretok_tgt": pair["pretok_tgt"], "subword": "bpe", "vocab_size": 8000,
-                 "joint_vocab": True},
+                 "joint_vocab": True, **pair.get("data", {})},
         # 3+3 layers, d 256, 4 heads, FFN 1024, pre-norm, dropout 0.1 everywhere, tied.
         "model": {"preset": "transformer-small"},
         "train": {"out_dir": str(workdir / "model"), "threads": threads, "max_tokens": 4096,

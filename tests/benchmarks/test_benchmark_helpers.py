@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import ablation
 import deep_stability
+import fusion_study
+import gpu_throughput
 import train_memory
 
 
@@ -76,3 +81,45 @@ def test_train_memory_summary_takes_medians_per_variant_and_ratios():
     assert result["median"]["B"]["peak_rss_mb"] == 1200
     assert result["b_over_a"] == {"peak_rss_mb": 0.48, "tgt_tok_per_s": 1.25,
                                   "tgt_tok_per_cpu_s": 1.25}
+
+
+def test_fusion_study_last_fifth_change_compares_the_end_with_the_loss_at_80_percent():
+    curve = [[100, 5.0], [400, 4.0], [800, 3.0], [900, 2.9], [1000, 2.85]]
+    assert fusion_study.last_fifth_change(curve) == pytest.approx(-0.05)  # 3.0 -> 2.85
+    assert fusion_study.last_fifth_change([[10, 2.0]]) is None
+
+
+def test_fusion_study_runs_with_the_papers_settings_and_the_chosen_gate():
+    args = argparse.Namespace(threads=1, size="small", updates=300, gate="scalar", overrides=[])
+    cfg = fusion_study.run_config("de-en", Path("run"), Path("pair"),
+                                  fusion_study.SYSTEMS["decoder-sublayer"], 7, args)
+    train = cfg["train"]
+    assert (train["lr"], train["betas"], train["eps"], train["max_tokens"]) == (
+        5e-4, [0.9, 0.99], 1e-9, 5000)
+    assert (train["max_steps"], train["max_seconds"], train["seed"]) == (300, 0, 7)
+    assert cfg["model"] == {"preset": "transformer-small", "dropout": 0.3, "fusion": "sublayer",
+                            "fusion_function": "mean", "fusion_side": "decoder",
+                            "fusion_gate": "scalar"}
+    assert "fusion_gate" not in fusion_study.run_config(
+        "de-en", Path("run"), Path("pair"), fusion_study.SYSTEMS["baseline"], 1, args)["model"]
+    assert cfg["data"]["src_lang"] == "de" and cfg["decode"]["beam"] == 5
+
+
+def test_gpu_throughput_counts_useful_training_flops_by_hand():
+    """pad 0; source lengths 3, 2 and target lengths 2, 1 (EOS included); matmul parameters
+    10 (encoder), 20 (decoder), 5 (output); 1 + 2 layers of width 4:
+    linear 6 * (10 * 5 + 25 * 3) = 750; query-key pairs 1 * (9 + 4) + 2 * ((3 + 1) + (6 + 2))
+    = 37, attention 3 * 4 * 4 * 37 = 1776."""
+    batch = SimpleNamespace(src=torch.tensor([[5, 6, 2], [5, 2, 0]]),
+                            target=torch.tensor([[7, 2], [2, 0]]))
+    cfg = SimpleNamespace(encoder_layers=1, decoder_layers=2, d_model=4)
+    assert gpu_throughput.model_flops(batch, 0, cfg, (10, 20, 5)) == 750 + 1776
+
+
+def test_gpu_throughput_matmul_parameters_of_a_transformer(make_model):
+    """d 8, FFN 16, 1 + 1 layers: encoder q/k/v 8x24 + out 8x8 + FFN 2 x 8x16 = 512; decoder
+    adds cross-attention (q 8x8, k/v 8x16, out 8x8) = 768; output V x 8."""
+    model = make_model({"arch": "transformer", "d_model": 8, "heads": 2, "ffn_dim": 16,
+                        "encoder_layers": 1, "decoder_layers": 1, "tie_output": False})
+    enc, dec, out = gpu_throughput.matmul_parameters(model)
+    assert (enc, dec, out) == (512, 768, model.vocab.tgt_size * 8)

@@ -1,6 +1,8 @@
 """Information-transfer fusion (``connections.InformationFusion``): the retention gate, mean
 and linear fusion of earlier outputs, layer-wise, sub-layer-wise and last-only fusion."""
 
+import math
+
 import pytest
 import torch
 
@@ -8,39 +10,71 @@ from xinda.models.transformer.connections import (
     InformationFusion,
     LinearFusion,
     RetentionGate,
+    gate_parameters,
     mean_fusion,
     run_plain,
 )
 
 # --- Retention gate --------------------------------------------------------------------------
 
-def test_retention_gate_by_hand(randomise_norms, ln):
-    """g = sigmoid(W [fusion; current] + b), one per dimension; out = LN((1-g) c + g f)."""
+def test_elementwise_gate_by_hand(randomise_norms, ln):
+    """The paper's W in R^{D x 2}: g_d = sigmoid(W_d1 f_d + W_d2 c_d + b_d), written out per
+    dimension with plain floats; out = LN((1-g) c + g f)."""
     torch.manual_seed(0)
-    gate = RetentionGate(4)
+    gate = RetentionGate(3, "elementwise")
     randomise_norms(gate)
     with torch.no_grad():
-        gate.proj.bias.normal_()
+        gate.bias.normal_()
+    current, fusion = torch.randn(1, 2, 3), torch.randn(1, 2, 3)
+    w, b = gate.weight.tolist(), gate.bias.tolist()
+    by_hand = [[1 / (1 + math.exp(-(w[d][0] * float(fusion[0, t, d])
+                                    + w[d][1] * float(current[0, t, d]) + b[d])))
+                for d in range(3)] for t in range(2)]
+    with torch.no_grad():
+        g, out = gate.gate(current, fusion), gate(current, fusion)
+    assert gate.weight.shape == (3, 2)
+    torch.testing.assert_close(g[0], torch.tensor(by_hand))
+    torch.testing.assert_close(out, ln(gate.norm, (1 - g) * current + g * fusion))
+
+
+@pytest.mark.parametrize("form, rows", [("matrix", 4), ("scalar", 1)])
+def test_matrix_and_scalar_gates_by_hand(form, rows, randomise_norms, ln):
+    """matrix: W in R^{D x 2D}, one gate per dimension from all 2D numbers; scalar: W in
+    R^{1 x 2D}, one gate per position shared by every dimension."""
+    torch.manual_seed(0)
+    gate = RetentionGate(4, form)
+    randomise_norms(gate)
+    with torch.no_grad():
+        gate.bias.normal_()
     current, fusion = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
     with torch.no_grad():
         g = gate.gate(current, fusion)
-        w, b = gate.proj.weight, gate.proj.bias
+        w, b = gate.weight, gate.bias
         by_hand = torch.sigmoid(fusion @ w[:, :4].T + current @ w[:, 4:].T + b)
         out = gate(current, fusion)
-    assert g.shape == (2, 3, 4)
+    assert g.shape == (2, 3, rows)
     assert ((g > 0) & (g < 1)).all()
-    assert not torch.allclose(g, g[..., :1].expand_as(g))  # differs across dimensions
     torch.testing.assert_close(g, by_hand)
     torch.testing.assert_close(out, ln(gate.norm, (1 - g) * current + g * fusion))
 
 
+@pytest.mark.parametrize("form", ["elementwise", "matrix", "scalar"])
+def test_gate_parameter_counts(form):
+    """3D (elementwise), 2D^2 + D (matrix), 2D + 1 (scalar), plus the LayerNorm's 2D."""
+    d = 16
+    gate = RetentionGate(d, form)
+    assert sum(p.numel() for p in gate.parameters()) == gate_parameters(d, form) + 2 * d
+    assert gate_parameters(d, form) == {"elementwise": 48, "matrix": 528, "scalar": 33}[form]
+
+
+@pytest.mark.parametrize("form", ["elementwise", "matrix", "scalar"])
 @pytest.mark.parametrize("bias, keeps", [(-1e3, "current"), (1e3, "fusion")])
-def test_retention_gate_saturates(bias, keeps):
+def test_retention_gate_saturates(form, bias, keeps):
     """b -> -inf: g -> 0, out = LN(current); b -> +inf: g -> 1, out = LN(fusion)."""
     torch.manual_seed(0)
-    gate = RetentionGate(4)
+    gate = RetentionGate(4, form)
     with torch.no_grad():
-        gate.proj.bias.fill_(bias)
+        gate.bias.fill_(bias)
     current, fusion = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
     with torch.no_grad():
         out = gate(current, fusion)
@@ -123,5 +157,17 @@ def test_linear_fusion_model_has_more_parameters_than_mean(tiny_transformer):
     # Encoder 4 sub-layers, decoder 6: fusion points i = 1..3 and 1..5, W_i of D x iD.
     extra = d * d * (sum(range(1, 4)) + sum(range(1, 6)))
     assert linear.num_parameters() == mean.num_parameters() + extra
-    gates = (3 + 5) * (2 * d * d + d + 2 * d)  # proj (D x 2D + bias) + LayerNorm per point
+    gates = (3 + 5) * (3 * d + 2 * d)  # elementwise W (D x 2) + b + LayerNorm per point
     assert mean.num_parameters() == plain.num_parameters() + gates
+
+
+@pytest.mark.parametrize("form", ["elementwise", "matrix", "scalar"])
+def test_gate_form_sets_the_model_parameters(form, tiny_transformer):
+    """``fusion_gate`` picks the form of all 3 + 5 gates of a sub-layer fusion model."""
+    model = tiny_transformer(fusion="sublayer", fusion_gate=form)
+    plain = tiny_transformer()
+    d = plain.cfg.d_model
+    gates = list(model.encoder_connection.gates) + list(model.decoder_connection.gates)
+    assert {g.form for g in gates} == {form} and len(gates) == 8
+    assert model.num_parameters() == plain.num_parameters() + 8 * (gate_parameters(d, form)
+                                                                   + 2 * d)

@@ -26,10 +26,10 @@ register_preset("transformer-dlcl", "pre-norm 30+6 layers, DLCL on encoder and d
                 arch="transformer", norm="pre", encoder_layers=30, decoder_layers=6,
                 dense="both")
 # Information-transfer enhancement (fusion paper) on Transformer base, encoder and decoder.
-register_preset("transformer-layer-fusion", "base + layer-wise mean fusion, retention gate",
-                arch="transformer", fusion="layer", fusion_function="mean", fusion_side="both")
-register_preset("transformer-sublayer-fusion", "base + sub-layer-wise mean fusion, retention "
-                "gate", arch="transformer", fusion="sublayer", fusion_function="mean",
+register_preset("transformer-layer-fusion", "base + layer-wise mean fusion, elementwise "
+                "retention gate", arch="transformer", fusion="layer", fusion_function="mean", fusion_side="both")
+register_preset("transformer-sublayer-fusion", "base + sub-layer-wise mean fusion, elementwise "
+                "retention gate", arch="transformer", fusion="sublayer", fusion_function="mean",
                 fusion_side="both")
 # Small enough for the demo and for tests on a laptop CPU.
 register_preset("transformer-tiny", "2+2 x 128, pre-norm: demo and tests",

@@ -24,8 +24,10 @@ Shapes: B batch, T length, D model width.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 Unit = Callable[[Tensor], Tensor]
@@ -84,27 +86,45 @@ def dlcl_init(size: int) -> Tensor:
     return torch.ones(size, size).tril() / rows
 
 
-class RetentionGate(nn.Module):
-    """Retention gate (fusion paper, eqs. 8-9): g = sigmoid(W [fusion; current] + b),
-    out = LN((1 - g) * current + g * fusion).
+GateForm = Literal["elementwise", "matrix", "scalar"]
 
-    W is d_model x 2 d_model applied to the concatenation, so g holds one gate per dimension
-    (and position), not one scalar per layer.
+
+class RetentionGate(nn.Module):
+    """Retention gate (fusion paper, eqs. 8-9 and 11-12): g = sigmoid(W [fusion; current] + b),
+    out = LN((1 - g) * current + g * fusion). Three forms of W (``form``):
+
+    - ``elementwise``, the paper as written (W in R^{D x 2}): each dimension d has its own gate
+      from two numbers, g_d = sigmoid(W_d1 fusion_d + W_d2 current_d + b_d); 3D parameters;
+    - ``matrix`` (W in R^{D x 2D}): each g_d reads all 2D numbers; 2D^2 + D parameters;
+    - ``scalar`` (W in R^{1 x 2D}): one gate per position for all dimensions; 2D + 1.
+
+    The LayerNorm adds 2D. W is Xavier-uniform over its (rows, columns) and b = 0, so every
+    form starts with gates near 0.5.
     """
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, form: GateForm = "elementwise"):
         super().__init__()
-        self.proj = nn.Linear(2 * dim, dim)
+        self.form = form
+        rows, cols = {"elementwise": (dim, 2), "matrix": (dim, 2 * dim), "scalar": (1, 2 * dim)}[form]
+        self.weight = nn.Parameter(nn.init.xavier_uniform_(torch.empty(rows, cols)))
+        self.bias = nn.Parameter(torch.zeros(rows))
         self.norm = nn.LayerNorm(dim)
-        nn.init.xavier_uniform_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
 
     def gate(self, current: Tensor, fusion: Tensor) -> Tensor:
-        return torch.sigmoid(self.proj(torch.cat([fusion, current], dim=-1)))  # (B, T, D)
+        """g: (B, T, D), or (B, T, 1) for the scalar form."""
+        if self.form == "elementwise":  # g_d = sigmoid(W_d1 fusion_d + W_d2 current_d + b_d)
+            w = self.weight
+            return torch.sigmoid(fusion * w[:, 0] + current * w[:, 1] + self.bias)
+        return torch.sigmoid(F.linear(torch.cat([fusion, current], dim=-1), self.weight, self.bias))
 
     def forward(self, current: Tensor, fusion: Tensor) -> Tensor:
         g = self.gate(current, fusion)
         return self.norm((1 - g) * current + g * fusion)
+
+
+def gate_parameters(dim: int, form: GateForm) -> int:
+    """Parameters of one retention gate's W and b (without its LayerNorm)."""
+    return {"elementwise": 3 * dim, "matrix": 2 * dim * dim + dim, "scalar": 2 * dim + 1}[form]
 
 
 def mean_fusion(history: Sequence[Tensor]) -> Tensor:
@@ -133,18 +153,19 @@ class InformationFusion(nn.Module):
     """Information-transfer enhancement over ``units`` (layers or sub-layers).
 
     After unit i (i >= 2) the next unit reads LN((1 - g) * out_i + g * f(out_1..out_{i-1}))
-    (``RetentionGate``), f the mean or a learned linear transform of all earlier unit outputs
+    (``RetentionGate`` of form ``gate``), f the mean or a learned linear transform of all earlier unit outputs
     (the raw outputs, before gating). Layer-wise fusion uses layers as units (eqs. 7-9),
     sub-layer-wise fusion uses sub-layers (eqs. 10-12). ``last_only`` fuses once, after the
     final unit (the last-layer "sub-layer connection" variant, eqs. 13-16).
     """
 
-    def __init__(self, units: int, dim: int, function: str = "mean", last_only: bool = False):
+    def __init__(self, units: int, dim: int, function: str = "mean", last_only: bool = False,
+                 gate: GateForm = "elementwise"):
         super().__init__()
         self.units, self.last_only = units, last_only
         points = [units - 1] if last_only else list(range(1, units))  # 0-based fused units
         self.points = points
-        self.gates = nn.ModuleList(RetentionGate(dim) for _ in points)
+        self.gates = nn.ModuleList(RetentionGate(dim, gate) for _ in points)
         self.linear = (nn.ModuleList(LinearFusion(i, dim) for i in points)
                        if function == "linear" else None)
 

@@ -31,7 +31,12 @@ from xinda.models.layers import (
     TokenEmbedding,
     skip_probability,
 )
-from xinda.models.transformer.connections import DenseConnection, InformationFusion, run_plain
+from xinda.models.transformer.connections import (
+    DenseConnection,
+    GateForm,
+    InformationFusion,
+    run_plain,
+)
 
 Side = Literal["none", "encoder", "decoder", "both"]
 
@@ -59,6 +64,7 @@ class TransformerConfig(ModelConfig):
     # sub-layer-wise, or once after the last decoder layer ("last", decoder only).
     fusion: Literal["none", "layer", "sublayer", "last"] = "none"
     fusion_function: Literal["mean", "linear"] = "mean"
+    fusion_gate: GateForm = "elementwise"  # the retention gate's W (connections.RetentionGate)
     fusion_side: Side = "both"
     residual: bool = True  # False: no residual connections where sub-layer fusion runs
 
@@ -156,7 +162,8 @@ def make_connection(cfg: TransformerConfig, side: str, layers: int,
         return DenseConnection(layers, cfg.d_model, cfg.dense_every, pre)
     if cfg.uses("fusion", side):
         units = layers * (1 if cfg.fusion == "layer" else sublayers_per_layer)
-        return InformationFusion(units, cfg.d_model, cfg.fusion_function, cfg.fusion == "last")
+        return InformationFusion(units, cfg.d_model, cfg.fusion_function, cfg.fusion == "last",
+                                 cfg.fusion_gate)
     return None
 
 

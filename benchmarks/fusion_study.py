@@ -1,0 +1,276 @@
+"""The fusion paper's claims at convergence (issue 14): six systems x seeds, trained for the same
+number of updates with the paper's settings, scored on averaged checkpoints with a paired
+bootstrap test against the baseline.
+
+    python benchmarks/fusion_study.py [--pairs de-en] [--seeds 1,2,3] [--updates 6000]
+        [--size small|base] [--gate elementwise] [--systems baseline,...]
+        [--workdir runs/fusion-study] [--threads 2] [--set section.key=value ...]
+    python benchmarks/fusion_study.py --gate-throughput [--updates 60] [--size small]
+
+Systems (every fusion on encoder and decoder unless named otherwise):
+
+* baseline                -- the Transformer of ``--size``
+* layer                   -- layer-wise fusion, f = mean (paper eqs. 7-9)
+* sublayer                -- sub-layer-wise fusion, f = mean (eqs. 10-12)
+* sublayer-linear         -- sub-layer-wise fusion, f = learned linear map
+* sublayer-no-residual    -- sub-layer-wise fusion (mean) without residual connections
+* decoder-sublayer        -- sub-layer-wise fusion (mean) in the decoder only
+
+The paper's settings: Adam, lr 5e-4, inverse-sqrt schedule, betas (0.9, 0.99), eps 1e-9;
+dropout 0.3, label smoothing 0.1, at most 5000 tokens per batch, beam 5. ``--size small`` is
+3+3 x 256 (CPU; 1000 warm-up updates), ``base`` 6+6 x 512 (GPU; 4000). Every run trains exactly
+``--updates`` updates, validates (loss) at each epoch end, keeps its last 5 epoch checkpoints and
+is scored on their average. The baseline's validation loss over the last fifth of the updates
+says whether it has plateaued: compare ``valid_loss_change_last_fifth`` across update counts.
+
+Per pair: BLEU mean +- std over seeds, the paired bootstrap test of each seed's output against the
+baseline with the same seed (sacrebleu, 1000 samples; p per seed), BLEU by source-length bucket,
+parameters, tokens/s and the validation curves. ``--gate-throughput`` instead trains sub-layer
+fusion with each gate form (elementwise, matrix, scalar) and the baseline for ``--updates``
+updates and reports parameters and tokens/s. Results: WORKDIR/fusion_study.{json,md}. Finished
+runs (result.json) are reused, so the study can run in parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablation import mean_std, prepare_pair, raw_file
+from multi30k import (
+    PAIRS,
+    ROOT,
+    SHARED,
+    cached_result,
+    experiment,
+    markdown_table,
+    timed,
+    write_run_config,
+)
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+
+from xinda.config import apply_overrides
+from xinda.evaluate.metrics import bleu_by_length, corpus_scores
+from xinda.train.curves import read_log
+from xinda.utils import read_lines
+
+SIZES = {"small": ({"preset": "transformer-small"}, 1000),
+         "base": ({"preset": "transformer-base"}, 4000)}  # model, warm-up updates
+FUSION = {"fusion_side": "both", "fusion_function": "mean"}
+SYSTEMS = {
+    "baseline": {},
+    "layer": {**FUSION, "fusion": "layer"},
+    "sublayer": {**FUSION, "fusion": "sublayer"},
+    "sublayer-linear": {**FUSION, "fusion": "sublayer", "fusion_function": "linear"},
+    "sublayer-no-residual": {**FUSION, "fusion": "sublayer", "residual": False},
+    "decoder-sublayer": {**FUSION, "fusion": "sublayer", "fusion_side": "decoder"},
+}
+GATES = ("elementwise", "matrix", "scalar")
+EDGES = (10, 20, 30, 50)  # source-length buckets; the paper's long-sentence claim is > 50 words
+AVERAGE_LAST = 5
+
+
+def paper_settings(cfg: dict, size: str, updates: int) -> dict:
+    """The paper's optimiser, regularisation and batch size, for exactly ``updates`` updates."""
+    cfg["model"] = {**SIZES[size][0], "dropout": 0.3}
+    cfg["train"].update(lr=5e-4, schedule="inverse_sqrt", warmup_steps=SIZES[size][1],
+                        betas=[0.9, 0.99], eps=1e-9, label_smoothing=0.1, max_tokens=5000,
+                        max_steps=updates, max_seconds=0, run_validation=True, valid_bleu=False,
+                        patience=0, keep_last=AVERAGE_LAST, save_every=0)
+    cfg["decode"]["beam"] = 5
+    return cfg
+
+
+def run_config(pair: str, run_dir: Path, pair_dir: Path, model: dict, seed: int,
+               args: argparse.Namespace) -> dict:
+    cfg = paper_settings(experiment(PAIRS[pair], run_dir, 0, args.threads), args.size,
+                         args.updates)
+    cfg["data"]["out_dir"] = str(pair_dir / "data-bin")
+    cfg["model"].update(copy.deepcopy(model))
+    if model.get("fusion"):
+        cfg["model"].setdefault("fusion_gate", args.gate)
+    cfg["train"]["seed"] = seed
+    apply_overrides(cfg, args.overrides)
+    return cfg
+
+
+def valid_curve(model_dir: Path) -> list[list[float]]:
+    """[update, validation loss] at every epoch end."""
+    rows = read_log(model_dir / "log.csv") if (model_dir / "log.csv").exists() else []
+    return [[int(r["step"]), r["valid_loss"]] for r in rows if "valid_loss" in r]
+
+
+def last_fifth_change(curve: list[list[float]]) -> float | None:
+    """Relative change of the validation loss over the last fifth of the updates (< 0: still
+    falling)."""
+    if len(curve) < 2:
+        return None
+    end_step, end_loss = curve[-1]
+    before = [loss for step, loss in curve if step <= 0.8 * end_step] or [curve[0][1]]
+    return round((end_loss - before[-1]) / before[-1], 4)
+
+
+def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: str) -> dict:
+    """Train, average the last checkpoints, translate the test set, score; cached."""
+    result_path = run_dir / "result.json"
+    if (result := cached_result(result_path, cfg, label)) is not None:
+        print(f"{label}: cached, BLEU {result.get('bleu')}", flush=True)
+        return result
+    cfg_path = write_run_config(run_dir, cfg)
+    xinda, model_dir = [sys.executable, "-m", "xinda.cli"], run_dir / "model"
+    shutil.rmtree(model_dir, ignore_errors=True)  # a half-finished earlier attempt
+    print(f"{label}: training {cfg['train']['max_steps']} updates", flush=True)
+    train = timed([*xinda, "train", str(cfg_path)], run_dir / "train.log")
+    stats = json.loads((model_dir / "train_stats.json").read_text())
+    result = {"params": stats["parameters"], "updates": stats["steps"],
+              "tok_per_s": round(stats["tgt_tok_per_s"], 1),
+              "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg}
+    if cfg["train"]["run_validation"]:
+        timed([*xinda, "average", str(model_dir), "--last", str(AVERAGE_LAST)],
+              run_dir / "average.log")
+        p = PAIRS[pair]
+        test = SHARED / p["corpus"] / p["test"]
+        hyp_path = run_dir / f"{p['test']}.hyp"
+        timed([*xinda, "translate", str(model_dir), "-i", str(raw_file(test, p["src"])), "-o",
+               str(hyp_path), "--threads", str(threads)], run_dir / "translate.log")
+        hyps, refs = list(read_lines(hyp_path)), list(read_lines(raw_file(test, p["tgt"])))
+        bleu, = corpus_scores(hyps, refs, metrics=("bleu",), tokenize=p["tokenize"])
+        by_length = bleu_by_length(list(read_lines(raw_file(test, p["src"]))), hyps, refs,
+                                   edges=EDGES, tokenize=p["tokenize"], unit=p["unit"])
+        curve = valid_curve(model_dir)
+        result.update(bleu=round(bleu.score, 2), bleu_signature=bleu.signature,
+                      bleu_by_length=by_length, valid_curve=curve,
+                      best_valid_loss=min((loss for _, loss in curve), default=None),
+                      valid_loss_change_last_fifth=last_fifth_change(curve))
+    result_path.write_text(json.dumps(result, indent=1))
+    print(f"{label}: {result['updates']} updates, BLEU {result.get('bleu')}", flush=True)
+    return result
+
+
+def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float:
+    """p of sacrebleu's paired bootstrap test (1000 samples): system against baseline."""
+    p = PAIRS[pair]
+    refs = list(read_lines(raw_file(SHARED / p["corpus"] / p["test"], p["tgt"])))
+    hyps = [list(read_lines(d / f"{p['test']}.hyp")) for d in (baseline_dir, system_dir)]
+    metric = BLEU(tokenize=p["tokenize"]) if p["tokenize"] else BLEU()
+    _, results = PairedTest(list(zip(("baseline", "system"), hyps)), {"BLEU": metric}, [refs],
+                            test_type="bs", n_samples=1000)()
+    return round(results["BLEU"][1].p_value, 4)
+
+
+def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dict]:
+    rows = []
+    for system, by_seed in runs.items():
+        bleu_mean, bleu_std = mean_std([r["bleu"] for r in by_seed.values()])
+        buckets: dict[str, list[float]] = {}
+        for r in by_seed.values():
+            for b in r["bleu_by_length"]:
+                buckets.setdefault(f"{b['bucket']} ({b['sentences']})", []).append(b["bleu"])
+        rows.append({
+            "system": system, "params": next(iter(by_seed.values()))["params"],
+            "bleu_mean": round(bleu_mean, 2), "bleu_std": round(bleu_std, 2),
+            "p_vs_baseline": None if system == "baseline" else [
+                paired_p(pair, pair_dir / "baseline" / f"seed{s}", pair_dir / system / f"seed{s}")
+                for s in seeds],
+            "tok_per_s": round(statistics.fmean(r["tok_per_s"] for r in by_seed.values())),
+            "best_valid_loss": round(statistics.fmean(r["best_valid_loss"]
+                                                      for r in by_seed.values()), 3),
+            "valid_loss_change_last_fifth": [r["valid_loss_change_last_fifth"]
+                                             for r in by_seed.values()],
+            "bleu_by_length": {k: round(statistics.fmean(v), 2) for k, v in buckets.items()}})
+    return rows
+
+
+def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
+    buckets = list(rows[0]["bleu_by_length"]) if rows else []
+    header = ["system", "params", "BLEU (mean ± std)", "p vs baseline (per seed)", "tok/s",
+              "best valid loss", "valid loss change, last fifth",
+              *(f"BLEU {b}" for b in buckets)]
+    body = [[r["system"], f"{r['params']:,}", f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f}",
+             "–" if r["p_vs_baseline"] is None else " / ".join(map(str, r["p_vs_baseline"])),
+             r["tok_per_s"], r["best_valid_loss"],
+             " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
+             *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
+    title = (f"### {pair}: {args.size}, {args.updates} updates, gate {args.gate}, seeds "
+             f"{args.seeds}; BLEU by source length in {PAIRS[pair]['unit']} (sentences)")
+    return "\n".join([title, "", *markdown_table(header, body)])
+
+
+def gate_throughput(pair: str, pair_dir: Path, args: argparse.Namespace) -> str:
+    """Parameters and tokens/s of the baseline and of sub-layer fusion with each gate form."""
+    variants = {"baseline": {}, **{f"sublayer-{g}": {**SYSTEMS["sublayer"], "fusion_gate": g}
+                                   for g in GATES}}
+    body = []
+    for name, model in variants.items():
+        run_dir = pair_dir / "gate-throughput" / name
+        cfg = run_config(pair, run_dir, pair_dir, model, 1, args)
+        cfg["train"]["run_validation"] = False
+        r = train_and_score(pair, run_dir, cfg, args.threads, f"[{pair}] {name}")
+        body.append([name, f"{r['params']:,}", r["tok_per_s"]])
+    return "\n".join([f"### {pair}: gate forms, {args.size}, {args.updates} updates", "",
+                      *markdown_table(["system", "params", "train tok/s"], body)])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pairs", default="de-en", help=f"of {','.join(PAIRS)}")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--updates", type=int, default=6000, help="updates of every run")
+    ap.add_argument("--size", choices=SIZES, default="small")
+    ap.add_argument("--gate", choices=GATES, default="elementwise")
+    ap.add_argument("--gate-throughput", action="store_true")
+    ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "fusion-study")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="SECTION.KEY=VALUE", help="override every run's recipe")
+    args = ap.parse_args()
+    pairs, systems = args.pairs.split(","), args.systems.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    unknown = [p for p in pairs if p not in PAIRS] + [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        ap.error(f"unknown pair/system: {', '.join(unknown)}")
+    if "baseline" not in systems:
+        systems.insert(0, "baseline")  # the paired tests need it
+    os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    work = args.workdir.resolve()
+    report, tables = {"args": {k: str(v) for k, v in vars(args).items()}, "pairs": {}}, []
+    for pair in pairs:
+        if not (SHARED / PAIRS[pair]["corpus"]).is_dir():
+            print(f"[{pair}] skipped: {SHARED / PAIRS[pair]['corpus']} not found", flush=True)
+            continue
+        pair_dir = work / pair / args.size
+        prepare_pair(pair, pair_dir, 0, args.threads, args.overrides)
+        if args.gate_throughput:
+            tables.append(gate_throughput(pair, pair_dir, args))
+            continue
+        runs: dict[str, dict[int, dict]] = {s: {} for s in systems}
+        for seed in seeds:  # seed-major: a slow spell of the machine hits every system alike
+            for system in systems:
+                run_dir = pair_dir / system / f"seed{seed}"
+                cfg = run_config(pair, run_dir, pair_dir, SYSTEMS[system], seed, args)
+                runs[system][seed] = train_and_score(pair, run_dir, cfg, args.threads,
+                                                     f"[{pair}] {system} seed {seed}")
+        rows = summarise(pair, pair_dir, runs, seeds)
+        report["pairs"][pair] = {"summary": rows, "runs": {
+            s: {seed: {k: v for k, v in r.items() if k != "config"} for seed, r in by.items()}
+            for s, by in runs.items()}}
+        tables.append(markdown(pair, rows, args))
+        print("\n" + tables[-1] + "\n", flush=True)
+    name = "fusion_study_gates" if args.gate_throughput else "fusion_study"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"{name}.json").write_text(json.dumps(report, indent=1))
+    (work / f"{name}.md").write_text("\n\n".join(tables) + "\n")
+    print(f"wrote {work / name}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

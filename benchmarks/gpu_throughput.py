@@ -1,0 +1,194 @@
+"""Training throughput and model FLOP utilisation (MFU) of xinda's training step, and beam-5
+decoding speed, on whatever device there is (issue 15: measured on a lent H200).
+
+    python benchmarks/gpu_throughput.py [--presets transformer-base,transformer-big]
+        [--max-tokens 8192,16384,32768] [--updates 30] [--warmup 5] [--vocab 32000]
+        [--precision bf16] [--device auto] [--peak-tflops X]
+        [--decode-model DIR --decode-input FILE] [--out docs/results/gpu_throughput]
+
+Each (preset, batch size) runs the training step of ``xinda.train`` (``batch_loss`` with the
+chunked label-smoothed loss, fused Adam, autocast) on synthetic batches: random token ids with
+sentence lengths drawn uniformly from 5-60 (about WMT's mean), grouped by ``make_batches`` into
+batches of at most ``--max-tokens`` padded tokens, as training groups real data. Timed over
+``--updates`` updates after ``--warmup`` untimed ones, with the device synchronised.
+
+Model FLOPs count useful work only (no padding): 6 x (matmul parameters x tokens) for the
+linear layers, embeddings excluded, output projection included, plus 3 x 4·d per query-key
+pair for every attention layer (scores and weighted sum; forward x 3 for training). MFU divides
+the achieved model FLOP/s by the device's dense bf16 peak (``--peak-tflops``; by default a
+known figure for the GPU, e.g. 989 for an H100/H200, and always also the measured peak of a
+large bf16 matmul, which is printed). ``--decode-model`` (a trained model directory) adds
+beam-5 decoding of ``--decode-input`` (raw lines) in sentences/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from xinda.config import TrainConfig
+from xinda.data.batching import collate, make_batches
+from xinda.data.vocab import VocabInfo
+from xinda.device import pick_device, tune_training_memory
+from xinda.models.registry import build_model, resolve
+from xinda.train.loss import LossSetup, batch_loss
+from xinda.train.schedule import make_optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+KNOWN_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}  # dense bf16
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak_tflops(device: torch.device, n: int, repeats: int = 20) -> float:
+    """Measured bf16 matmul throughput of an n x n x n product."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync(device)
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
+
+
+def synthetic_corpus(sentences: int, vocab: int, seed: int = 1) -> tuple[list, list]:
+    """Random source/target id arrays; target length within +-20 % of the source's."""
+    rng = np.random.default_rng(seed)
+    src_lens = rng.integers(5, 61, sentences)
+    tgt_lens = np.clip((src_lens * rng.uniform(0.8, 1.2, sentences)).astype(int), 1, None)
+    return ([rng.integers(4, vocab, n) for n in src_lens],  # ids above the specials
+            [rng.integers(4, vocab, n) for n in tgt_lens])
+
+
+def matmul_parameters(model: torch.nn.Module) -> tuple[int, int, int]:
+    """Parameters of the linear layers of the encoder and the decoder, and the output
+    projection's (embeddings excluded; a tied output matrix counts here)."""
+    enc = sum(m.weight.numel() for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and n.startswith("encoder"))
+    dec = sum(m.weight.numel() for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and n.startswith("decoder"))
+    return enc, dec, model.output.weight.numel()
+
+
+def model_flops(batch, pad: int, cfg, params: tuple[int, int, int]) -> float:
+    """Training FLOPs of one batch without padding (module docstring)."""
+    src_len = batch.src.ne(pad).sum(1).double()
+    tgt_len = batch.target.ne(pad).sum(1).double()
+    enc, dec, out = params
+    linear = 6 * (enc * src_len.sum() + (dec + out) * tgt_len.sum())
+    pairs = (cfg.encoder_layers * (src_len**2).sum()
+             + cfg.decoder_layers * ((tgt_len * (tgt_len + 1) / 2) + tgt_len * src_len).sum())
+    return float(linear + 3 * 4 * cfg.d_model * pairs)
+
+
+def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
+                     device: torch.device) -> dict:
+    vocab = VocabInfo(args.vocab, args.vocab, 0, 1, 2, True)
+    cfg = resolve({"preset": preset})
+    torch.manual_seed(1)
+    model = build_model(cfg, vocab).to(device).train()
+    params = matmul_parameters(model)
+    tc = TrainConfig(lr=1e-4)
+    optimizer = make_optimizer(tc, model.parameters())
+    setup = LossSetup(tc.label_smoothing, vocab.pad, tc.loss_chunk, args.precision, device)
+    need = (args.updates + args.warmup) * max_tokens // 30 + 1000
+    src, tgt = synthetic_corpus(need, args.vocab)
+    lens = np.array([len(s) for s in src]), np.array([len(t) for t in tgt])
+    groups = make_batches(*lens, max_tokens, seed=1, epoch=0)[: args.updates + args.warmup]
+    batches = [collate(g, src, tgt, vocab.pad, vocab.bos, vocab.eos).to(device) for g in groups]
+    flops = tokens = 0.0
+    for i, batch in enumerate(batches):
+        if i == args.warmup:
+            sync(device)
+            start = time.perf_counter()
+        loss, _ = batch_loss(model, model, batch, setup)
+        (loss / batch.ntokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i >= args.warmup:
+            flops += model_flops(batch, vocab.pad, cfg, params)
+            tokens += batch.ntokens
+    sync(device)
+    seconds = time.perf_counter() - start
+    peak_mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {"preset": preset, "max_tokens": max_tokens, "parameters": model.num_parameters(),
+            "updates": len(batches) - args.warmup, "seconds": round(seconds, 2),
+            "tgt_tok_per_s": round(tokens / seconds), "model_tflops": round(flops / seconds / 1e12, 1),
+            "peak_memory_gib": None if peak_mem is None else round(peak_mem, 1)}
+
+
+def decode_speed(model_dir: Path, input_file: Path, device: torch.device, precision: str) -> dict:
+    from xinda.decode.translator import Translator
+
+    lines = input_file.read_text(encoding="utf-8").splitlines()
+    translator = Translator.load(model_dir, device=str(device))
+    options = {"beam": 5, "batch_size": 128, "precision": precision}
+    translator.translate_text(lines[:64], **options)  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    translator.translate_text(lines, **options)
+    sync(device)
+    seconds = time.perf_counter() - start
+    return {"model": str(model_dir), "sentences": len(lines), **options,
+            "sents_per_s": round(len(lines) / seconds, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--presets", default="transformer-base,transformer-big")
+    ap.add_argument("--max-tokens", default="8192,16384,32768")
+    ap.add_argument("--updates", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--peak-tflops", type=float, default=None)
+    ap.add_argument("--matmul-size", type=int, default=None, help="default 8192 GPU, 2048 CPU")
+    ap.add_argument("--decode-model", type=Path)
+    ap.add_argument("--decode-input", type=Path)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "gpu_throughput")
+    args = ap.parse_args()
+    device = pick_device(args.device)
+    tune_training_memory(TrainConfig().onednn_cache, TrainConfig().keep_heap)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    measured = matmul_peak_tflops(device, args.matmul_size or (8192 if device.type == "cuda"
+                                                                 else 2048))
+    known = args.peak_tflops or next((v for k, v in KNOWN_PEAK_TFLOPS.items() if k in name), None)
+    print(f"device {name}: measured bf16 matmul {measured:.1f} TFLOP/s; "
+          f"spec peak {known or 'unknown'}", flush=True)
+    rows = []
+    for preset in args.presets.split(","):
+        for max_tokens in map(int, args.max_tokens.split(",")):
+            row = train_throughput(preset, max_tokens, args, device)
+            row["mfu_vs_measured_matmul"] = round(row["model_tflops"] / measured, 3)
+            row["mfu_vs_spec_peak"] = round(row["model_tflops"] / known, 3) if known else None
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+    report = {"device": name, "torch": torch.__version__, "precision": args.precision,
+              "matmul_tflops_measured": round(measured, 1), "spec_peak_tflops": known,
+              "train": rows}
+    if args.decode_model and args.decode_input:
+        report["decode"] = decode_speed(args.decode_model, args.decode_input, device,
+                                        args.precision)
+        print(json.dumps(report["decode"]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
