@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from xinda.config import TrainConfig
 from xinda.data.batching import collate, make_batches
 from xinda.data.vocab import VocabInfo
 from xinda.device import pick_device, tune_training_memory
+from xinda.errors import XindaError
 from xinda.models.registry import build_model, resolve
 from xinda.train.loss import LossSetup, batch_loss
 from xinda.train.schedule import make_optimizer
@@ -191,4 +193,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except XindaError as err:  # a bad preset or model directory: one line, exit 1
+        sys.exit(f"gpu_throughput: {err}")
