@@ -204,17 +204,22 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join([title, "", *markdown_table(header, body)])
 
 
-def gate_throughput(pair: str, pair_dir: Path, args: argparse.Namespace) -> str:
+def gate_throughput(pair: str, pair_dir: Path, args: argparse.Namespace) -> list[dict]:
     """Parameters and tokens/s of the baseline and of sub-layer fusion with each gate form."""
     variants = {"baseline": {}, **{f"sublayer-{g}": {**SYSTEMS["sublayer"], "fusion_gate": g}
                                    for g in GATES}}
-    body = []
+    rows = []
     for name, model in variants.items():
         run_dir = pair_dir / "gate-throughput" / name
         cfg = run_config(pair, run_dir, pair_dir, model, 1, args)
         cfg["train"]["run_validation"] = False
         r = train_and_score(pair, run_dir, cfg, args.threads, f"[{pair}] {name}")
-        body.append([name, f"{r['params']:,}", r["tok_per_s"]])
+        rows.append({"system": name, "params": r["params"], "tok_per_s": r["tok_per_s"]})
+    return rows
+
+
+def gate_markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
+    body = [[r["system"], f"{r['params']:,}", r["tok_per_s"]] for r in rows]
     return "\n".join([f"### {pair}: gate forms, {args.size}, {args.updates} updates", "",
                       *markdown_table(["system", "params", "train tok/s"], body)])
 
@@ -250,7 +255,8 @@ def main() -> None:
         pair_dir = work / pair / args.size
         prepare_pair(pair, pair_dir, 0, args.threads, args.overrides)
         if args.gate_throughput:
-            tables.append(gate_throughput(pair, pair_dir, args))
+            report["pairs"][pair] = {"gates": gate_throughput(pair, pair_dir, args)}
+            tables.append(gate_markdown(pair, report["pairs"][pair]["gates"], args))
             continue
         runs: dict[str, dict[int, dict]] = {s: {} for s in systems}
         for seed in seeds:  # seed-major: a slow spell of the machine hits every system alike
