@@ -1,7 +1,7 @@
 """Fusion-paper ablation: baseline vs layer fusion vs sub-layer fusion vs DLCL, several seeds.
 
     python benchmarks/ablation.py [--budget 300] [--pairs en-de,zh-en] [--seeds 1,2,3]
-        [--systems baseline,layer-fusion,sublayer-fusion,dlcl] [--workdir runs/ablation]
+        [--systems baseline,layer-fusion,sublayer-fusion,dlcl,dlcl-last] [--workdir runs/ablation]
         [--threads 2] [--set section.key=value ...]
 
 Every system is the transformer-small recipe of ``multi30k.py`` (3+3 x 256, pre-norm, same
@@ -10,7 +10,8 @@ optimiser and batch size) with one change to how layers feed each other:
 * baseline         -- transformer-small as is
 * layer-fusion     -- fusion: layer, fusion_function: mean, fusion_side: both
 * sublayer-fusion  -- fusion: sublayer, fusion_function: mean, fusion_side: both
-* dlcl             -- dense: both (dynamic linear combination of layers)
+* dlcl             -- dense: both (dynamic linear combination of layers), mean-initialised
+* dlcl-last        -- the same, initialised with all weight on the newest layer (dense_init)
 
 Each (pair, system, seed) run is ``xinda train`` for the same wall-clock budget (train.seed =
 seed) on data prepared once per pair, then ``xinda translate`` of the pair's test set with beam 5.
@@ -65,6 +66,7 @@ SYSTEMS = {
     "sublayer-fusion": {**SMALL, "fusion": "sublayer", "fusion_function": "mean",
                         "fusion_side": "both"},
     "dlcl": {**SMALL, "dense": "both"},
+    "dlcl-last": {**SMALL, "dense": "both", "dense_init": "last"},
 }
 EDGES = (10, 20)  # buckets 1-10, 11-20, 21+: the test sets are short captions / sentences
 

@@ -114,3 +114,20 @@ def test_dense_every_beyond_depth_equals_plain_transformer(norm, tiny_transforme
     src, prev = tiny_batch()
     for a, b in zip(outputs(plain, src, prev), outputs(dense, src, prev)):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_dlcl_init_last_puts_all_weight_on_the_newest_output():
+    """init="last": W = I, so each aggregation reads only z_k."""
+    torch.testing.assert_close(dlcl_init(3, "last"), torch.eye(3))
+
+
+def test_dense_init_reaches_the_model():
+    """model.dense_init builds the connection with that initial W; mean stays the default."""
+    from xinda.models.transformer.model import TransformerConfig, make_connection
+
+    cfg = dict(d_model=8, heads=2, ffn_dim=16, encoder_layers=3, decoder_layers=1,
+               norm="pre", dense="encoder")
+    default = make_connection(TransformerConfig(**cfg), "encoder", 3, 2)
+    last = make_connection(TransformerConfig(**cfg, dense_init="last"), "encoder", 3, 2)
+    torch.testing.assert_close(default.weights.data, dlcl_init(4))
+    torch.testing.assert_close(last.weights.data, torch.eye(4))

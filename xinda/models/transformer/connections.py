@@ -55,15 +55,16 @@ class DenseConnection(nn.Module):
     z_k = LN_k(x) (pre-norm; post-norm stores x and normalises the sum instead, as in the
     paper), and the next layer reads g_k = sum_{i<=k} W_{k,i} z_i. W is a learnable
     lower-triangular (K+1) x (K+1) matrix, K = layers // p, each row initialised to 1/M over its
-    M = k+1 entries (the mean). p = 1 is DLCL itself; p > layers never aggregates, i.e. the
+    M = k+1 entries (the mean; ``init="last"`` puts all weight on z_k). p = 1 is DLCL itself; p > layers never aggregates, i.e. the
     plain Transformer. Layers between two aggregation points read their predecessor's output.
     """
 
-    def __init__(self, layers: int, dim: int, every: int = 1, pre_norm: bool = True):
+    def __init__(self, layers: int, dim: int, every: int = 1, pre_norm: bool = True,
+                 init: DenseInit = "mean"):
         super().__init__()
         self.every, self.pre_norm = every, pre_norm
         points = layers // every  # aggregation points K
-        self.weights = nn.Parameter(dlcl_init(points + 1))
+        self.weights = nn.Parameter(dlcl_init(points + 1, init))
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(points))
 
     def forward(self, x: Tensor, units: Sequence[Unit]) -> Tensor:
@@ -80,8 +81,15 @@ class DenseConnection(nn.Module):
         return x
 
 
-def dlcl_init(size: int) -> Tensor:
-    """Lower-triangular (size, size) with row k set to 1 / (k + 1) on its k + 1 entries."""
+DenseInit = Literal["mean", "last"]
+
+
+def dlcl_init(size: int, init: DenseInit = "mean") -> Tensor:
+    """DLCL's initial (size, size) lower-triangular W. ``mean`` (textbook ch. 15): row k is
+    1 / (k + 1) on its k + 1 entries. ``last``: row k is 1 on z_k, the newest output, and 0 on
+    the earlier ones, so training starts from a plain stack and learns to reach back."""
+    if init == "last":
+        return torch.eye(size)
     rows = torch.arange(1, size + 1, dtype=torch.float32)[:, None]
     return torch.ones(size, size).tril() / rows
 

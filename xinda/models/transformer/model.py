@@ -33,6 +33,7 @@ from xinda.models.layers import (
 )
 from xinda.models.transformer.connections import (
     DenseConnection,
+    DenseInit,
     GateForm,
     InformationFusion,
     run_plain,
@@ -58,6 +59,7 @@ class TransformerConfig(ModelConfig):
     # Deep Transformers (``connections`` and ``layers.SublayerConnection``).
     dense: Side = "none"  # DLCL on these stacks
     dense_every: int = Field(1, ge=1)  # p: aggregate every p layers (1 = DLCL)
+    dense_init: DenseInit = "mean"  # DLCL's initial weights: mean of all, or all on the newest
     layer_dropout: float = Field(0.0, ge=0, lt=1)  # phi: sub-layer l of N skipped w.p. l/N*phi
     layer_dropout_side: Side = "both"
     # Information-transfer enhancement (``connections.InformationFusion``): layer-wise,
@@ -159,7 +161,7 @@ def make_connection(cfg: TransformerConfig, side: str, layers: int,
     """The ``side`` stack's DLCL or fusion module, or None for plain connections."""
     pre = cfg.norm == "pre"
     if cfg.uses("dense", side):
-        return DenseConnection(layers, cfg.d_model, cfg.dense_every, pre)
+        return DenseConnection(layers, cfg.d_model, cfg.dense_every, pre, cfg.dense_init)
     if cfg.uses("fusion", side):
         units = layers * (1 if cfg.fusion == "layer" else sublayers_per_layer)
         return InformationFusion(units, cfg.d_model, cfg.fusion_function, cfg.fusion == "last",
