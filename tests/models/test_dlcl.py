@@ -125,8 +125,8 @@ def test_dense_init_reaches_the_model():
     """model.dense_init builds the connection with that initial W; mean stays the default."""
     from xinda.models.transformer.model import TransformerConfig, make_connection
 
-    cfg = dict(d_model=8, heads=2, ffn_dim=16, encoder_layers=3, decoder_layers=1,
-               norm="pre", dense="encoder")
+    cfg = {"d_model": 8, "heads": 2, "ffn_dim": 16, "encoder_layers": 3, "decoder_layers": 1,
+           "norm": "pre", "dense": "encoder"}
     default = make_connection(TransformerConfig(**cfg), "encoder", 3, 2)
     last = make_connection(TransformerConfig(**cfg, dense_init="last"), "encoder", 3, 2)
     torch.testing.assert_close(default.weights.data, dlcl_init(4))
