@@ -48,6 +48,9 @@ def dlcl_aggregate(weights: Tensor, history: Sequence[Tensor]) -> Tensor:
     return out
 
 
+DenseInit = Literal["mean", "last"]
+
+
 class DenseConnection(nn.Module):
     """Dynamic linear combination of layers (DLCL, Wang et al. 2019), grouped every p layers.
 
@@ -55,8 +58,9 @@ class DenseConnection(nn.Module):
     z_k = LN_k(x) (pre-norm; post-norm stores x and normalises the sum instead, as in the
     paper), and the next layer reads g_k = sum_{i<=k} W_{k,i} z_i. W is a learnable
     lower-triangular (K+1) x (K+1) matrix, K = layers // p, each row initialised to 1/M over its
-    M = k+1 entries (the mean; ``init="last"`` puts all weight on z_k). p = 1 is DLCL itself; p > layers never aggregates, i.e. the
-    plain Transformer. Layers between two aggregation points read their predecessor's output.
+    M = k+1 entries (the mean; ``init="last"`` puts all weight on z_k). p = 1 is DLCL itself;
+    p > layers never aggregates, i.e. the plain Transformer. Layers between two aggregation
+    points read their predecessor's output.
     """
 
     def __init__(self, layers: int, dim: int, every: int = 1, pre_norm: bool = True,
@@ -79,9 +83,6 @@ class DenseConnection(nn.Module):
             if not self.pre_norm:
                 x = self.norms[k - 1](x)
         return x
-
-
-DenseInit = Literal["mean", "last"]
 
 
 def dlcl_init(size: int, init: DenseInit = "mean") -> Tensor:
