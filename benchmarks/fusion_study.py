@@ -28,7 +28,9 @@ baseline with the same seed (sacrebleu, 1000 samples; p per seed), BLEU by sourc
 parameters, tokens/s and the validation curves. ``--gate-throughput`` instead trains sub-layer
 fusion with each gate form (elementwise, matrix, scalar) and the baseline for ``--updates``
 updates and reports parameters and tokens/s. Results: WORKDIR/fusion_study.{json,md}. Finished
-runs (result.json) are reused, so the study can run in parts.
+runs (result.json) are reused and interrupted ones resume from their newest checkpoint, so
+the study can run in parts. A run's folder does not name its update count: give a study with
+another ``--updates`` its own ``--workdir``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ablation import mean_std, prepare_pair, raw_file
@@ -57,6 +61,7 @@ from multi30k import (
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
+from xinda.checkpoint import list_checkpoints
 from xinda.config import apply_overrides
 from xinda.evaluate.metrics import bleu_by_length, corpus_scores
 from xinda.train.curves import read_log
@@ -118,17 +123,28 @@ def last_fifth_change(curve: list[list[float]]) -> float | None:
     return round((end_loss - before[-1]) / before[-1], 4)
 
 
+def unfinished_run(run_dir: Path, cfg: dict) -> bool:
+    """Whether ``run_dir`` holds checkpoints of an interrupted run with this very config."""
+    cfg_path = run_dir / "config.yaml"
+    return (cfg_path.exists() and yaml.safe_load(cfg_path.read_text()) == cfg
+            and bool(list_checkpoints(run_dir / "model", verify=False)))
+
+
 def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: str) -> dict:
     """Train, average the last checkpoints, translate the test set, score; cached."""
     result_path = run_dir / "result.json"
     if (result := cached_result(result_path, cfg, label)) is not None:
         print(f"{label}: cached, BLEU {result.get('bleu')}", flush=True)
         return result
-    cfg_path = write_run_config(run_dir, cfg)
     xinda, model_dir = [sys.executable, "-m", "xinda.cli"], run_dir / "model"
-    shutil.rmtree(model_dir, ignore_errors=True)  # a half-finished earlier attempt
-    print(f"{label}: training {cfg['train']['max_steps']} updates", flush=True)
-    train = timed([*xinda, "train", str(cfg_path)], run_dir / "train.log")
+    resume = unfinished_run(run_dir, cfg)
+    if not resume:
+        shutil.rmtree(model_dir, ignore_errors=True)  # an earlier attempt with another config
+    cfg_path = write_run_config(run_dir, cfg)
+    print(f"{label}: training {cfg['train']['max_steps']} updates"
+          f"{' (resumed)' if resume else ''}", flush=True)
+    train = timed([*xinda, "train", str(cfg_path), *(["--resume"] if resume else [])],
+                  run_dir / "train.log", append=resume)
     stats = json.loads((model_dir / "train_stats.json").read_text())
     result = {"params": stats["parameters"], "updates": stats["steps"],
               "tok_per_s": round(stats["tgt_tok_per_s"], 1),

@@ -102,11 +102,12 @@ def add_study_arguments(ap: argparse.ArgumentParser, workdir: Path, runs: str) -
                     help=f"override {runs} recipe, e.g. train.lr=7e-4 (YAML value)")
 
 
-def timed(cmd: list[str], log_path: Path) -> dict:
-    """Run cmd under /usr/bin/time -v; return wall seconds and peak RSS (MB)."""
+def timed(cmd: list[str], log_path: Path, append: bool = False) -> dict:
+    """Run cmd under /usr/bin/time -v; return wall seconds and peak RSS (MB) (of this command:
+    with ``append``, its output is added to ``log_path``)."""
     time_file = log_path.with_suffix(".time")
     start = time.time()
-    with log_path.open("w") as log:
+    with log_path.open("a" if append else "w") as log:
         proc = subprocess.run(["/usr/bin/time", "-v", "-o", str(time_file), *cmd], check=False,
                               stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode:
