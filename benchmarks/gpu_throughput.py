@@ -3,12 +3,13 @@ decoding speed, on whatever device there is (issue 15: measured on a lent H200).
 
     python benchmarks/gpu_throughput.py [--presets transformer-base,transformer-big]
         [--max-tokens 8192,16384,32768] [--updates 30] [--warmup 5] [--vocab 32000]
-        [--precision bf16] [--device auto] [--peak-tflops X]
+        [--lengths-from DATA_BIN] [--precision bf16] [--device auto] [--peak-tflops X]
         [--decode-model DIR --decode-input FILE] [--out docs/results/gpu_throughput]
 
 Each (preset, batch size) runs the training step of ``xinda.train`` (``batch_loss`` with the
 chunked label-smoothed loss, fused Adam, autocast) on synthetic batches: random token ids with
-sentence lengths drawn uniformly from 5-60 (about WMT's mean), grouped by ``make_batches`` into
+sentence lengths drawn uniformly from 5-60 (about WMT's mean) or those of a prepared corpus's
+training pairs (``--lengths-from``), grouped by ``make_batches`` into
 batches of at most ``--max-tokens`` padded tokens, as training groups real data. Timed over
 ``--updates`` updates after ``--warmup`` untimed ones, with the device synchronised.
 
@@ -64,11 +65,20 @@ def matmul_peak_tflops(device: torch.device, n: int, repeats: int = 20) -> float
     return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
 
 
-def synthetic_corpus(sentences: int, vocab: int, seed: int = 1) -> tuple[list, list]:
-    """Random source/target id arrays; target length within +-20 % of the source's."""
+def synthetic_corpus(sentences: int, vocab: int, lengths_from: Path | None = None,
+                     seed: int = 1) -> tuple[list, list]:
+    """Random source/target id arrays. Lengths: source 5-60, target within +-20 % of it; or,
+    with ``lengths_from`` (a ``xinda prepare`` output folder), the (source, target) lengths of
+    pairs drawn from its training split."""
     rng = np.random.default_rng(seed)
-    src_lens = rng.integers(5, 61, sentences)
-    tgt_lens = np.clip((src_lens * rng.uniform(0.8, 1.2, sentences)).astype(int), 1, None)
+    if lengths_from is None:
+        src_lens = rng.integers(5, 61, sentences)
+        tgt_lens = np.clip((src_lens * rng.uniform(0.8, 1.2, sentences)).astype(int), 1, None)
+    else:
+        src_all, tgt_all = (np.diff(np.load(lengths_from / f"train.{side}.offsets.npy"))
+                            for side in ("src", "tgt"))
+        pick = rng.integers(0, len(src_all), sentences)
+        src_lens, tgt_lens = src_all[pick], tgt_all[pick]
     return ([rng.integers(4, vocab, n) for n in src_lens],  # ids above the specials
             [rng.integers(4, vocab, n) for n in tgt_lens])
 
@@ -104,8 +114,8 @@ def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
     tc = TrainConfig(lr=1e-4)
     optimizer = make_optimizer(tc, model.parameters())
     setup = LossSetup(tc.label_smoothing, vocab.pad, tc.loss_chunk, args.precision, device)
-    need = (args.updates + args.warmup) * max_tokens // 30 + 1000
-    src, tgt = synthetic_corpus(need, args.vocab)
+    need = (args.updates + args.warmup) * max_tokens // 8 + 1000  # sentences of 8+ tokens
+    src, tgt = synthetic_corpus(need, args.vocab, args.lengths_from)
     lens = np.array([len(s) for s in src]), np.array([len(t) for t in tgt])
     groups = make_batches(*lens, max_tokens, seed=1, epoch=0)[: args.updates + args.warmup]
     batches = [collate(g, src, tgt, vocab.pad, vocab.bos, vocab.eos).to(device) for g in groups]
@@ -126,7 +136,7 @@ def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
     peak_mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {"preset": preset, "max_tokens": max_tokens, "parameters": model.num_parameters(),
             "updates": len(batches) - args.warmup, "seconds": round(seconds, 2),
-            "tgt_tok_per_s": round(tokens / seconds), "model_tflops": round(flops / seconds / 1e12, 1),
+            "tgt_tok_per_s": round(tokens / seconds), "model_tflops": round(flops / seconds / 1e12, 4),
             "peak_memory_gib": None if peak_mem is None else round(peak_mem, 1)}
 
 
@@ -153,6 +163,8 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--lengths-from", type=Path, default=None,
+                    help="a prepared data folder: use its training pairs' lengths")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--peak-tflops", type=float, default=None)
@@ -167,7 +179,7 @@ def main() -> None:
     measured = matmul_peak_tflops(device, args.matmul_size or (8192 if device.type == "cuda"
                                                                  else 2048))
     known = args.peak_tflops or next((v for k, v in KNOWN_PEAK_TFLOPS.items() if k in name), None)
-    print(f"device {name}: measured bf16 matmul {measured:.1f} TFLOP/s; "
+    print(f"device {name}: measured bf16 matmul {measured:.3f} TFLOP/s; "
           f"spec peak {known or 'unknown'}", flush=True)
     rows = []
     for preset in args.presets.split(","):
@@ -181,7 +193,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
     report = {"device": name, "torch": torch.__version__, "precision": args.precision,
-              "matmul_tflops_measured": round(measured, 1), "spec_peak_tflops": known,
+              "matmul_tflops_measured": round(measured, 3), "spec_peak_tflops": known,
               "train": rows}
     if args.decode_model and args.decode_input:
         report["decode"] = decode_speed(args.decode_model, args.decode_input, device,
