@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from xinda.checkpoint import save_checkpoint
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import ablation
 import deep_stability
 import fusion_study
 import gpu_throughput
+import multi30k
 import train_memory
 
 
@@ -103,6 +106,33 @@ def test_fusion_study_runs_with_the_papers_settings_and_the_chosen_gate():
     assert "fusion_gate" not in fusion_study.run_config(
         "de-en", Path("run"), Path("pair"), fusion_study.SYSTEMS["baseline"], 1, args)["model"]
     assert cfg["data"]["src_lang"] == "de" and cfg["decode"]["beam"] == 5
+
+
+def test_fusion_study_resumes_only_an_interrupted_run_of_the_same_config(tmp_path):
+    """A run folder with checkpoints and the very config resumes; another config, or no
+    checkpoint yet, starts over."""
+    cfg = {"train": {"max_steps": 6000, "seed": 1}, "model": {"preset": "transformer-small"}}
+    run = tmp_path / "seed1"
+    multi30k.write_run_config(run, cfg)
+    assert not fusion_study.unfinished_run(run, cfg)  # nothing trained yet
+    save_checkpoint(run / "model", 98, torch.nn.Linear(2, 2), {"progress": {"step": 98}}, 5)
+    assert fusion_study.unfinished_run(run, cfg)
+    assert not fusion_study.unfinished_run(run, {**cfg, "train": {"max_steps": 3000,
+                                                                  "seed": 1}})
+
+
+def test_gpu_throughput_lengths_from_a_prepared_corpus_are_its_pairs(tmp_path):
+    """``--lengths-from``: every synthetic (source, target) length pair is a training pair's,
+    and the ids avoid the special tokens."""
+    pairs = {(3, 4), (7, 5), (12, 11)}
+    for side, lengths in (("src", [a for a, _ in sorted(pairs)]),
+                          ("tgt", [b for _, b in sorted(pairs)])):
+        np.save(tmp_path / f"train.{side}.offsets.npy", np.cumsum([0, *lengths]))
+    src, tgt = gpu_throughput.synthetic_corpus(200, 50, lengths_from=tmp_path)
+    assert {(len(s), len(t)) for s, t in zip(src, tgt)} == pairs
+    assert min(int(x.min()) for x in src + tgt) >= 4
+    default_src, _ = gpu_throughput.synthetic_corpus(200, 50)
+    assert {len(s) for s in default_src} <= set(range(5, 61))
 
 
 def test_gpu_throughput_counts_useful_training_flops_by_hand():
