@@ -25,12 +25,13 @@ says whether it has plateaued: compare ``valid_loss_change_last_fifth`` across u
 
 Per pair: BLEU mean +- std over seeds, the paired bootstrap test of each seed's output against the
 baseline with the same seed (sacrebleu, 1000 samples; p per seed), BLEU by source-length bucket,
-parameters, tokens/s and the validation curves. ``--gate-throughput`` instead trains sub-layer
-fusion with each gate form (elementwise, matrix, scalar) and the baseline for ``--updates``
-updates and reports parameters and tokens/s. Results: WORKDIR/fusion_study.{json,md}. Finished
-runs (result.json) are reused and interrupted ones resume from their newest checkpoint, so
-the study can run in parts. A run's folder does not name its update count: give a study with
-another ``--updates`` its own ``--workdir``.
+parameters, tokens/s and the validation curves (drawn in WORKDIR/fusion_study-PAIR-valid.png).
+``--gate-throughput`` instead trains sub-layer fusion with each gate form (elementwise, matrix,
+scalar) and the baseline for ``--updates`` updates and reports parameters and tokens/s.
+Results: WORKDIR/fusion_study.{json,md}. Finished runs (result.json) are reused and
+interrupted ones resume from their newest checkpoint, so the study can run in parts. A run's
+folder does not name its update count: give a study with another ``--updates`` its own
+``--workdir``.
 """
 
 from __future__ import annotations
@@ -220,6 +221,31 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join([title, "", *markdown_table(header, body)])
 
 
+def plot_valid_curves(runs: dict, png: Path, title: str) -> None:
+    """Validation loss against updates, one line per system and seed (the plateau check)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (system, by_seed) in enumerate(runs.items()):
+        for seed, result in by_seed.items():
+            if result.get("valid_curve"):
+                steps, losses = zip(*result["valid_curve"])
+                ax.plot(steps, losses, color=f"C{i}", lw=2 if system == "baseline" else 1,
+                        label=system if seed == min(by_seed) else None)
+    ax.set_xlabel("update")
+    ax.set_ylabel("validation loss per token (label-smoothed)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+
+
 def gate_throughput(pair: str, pair_dir: Path, args: argparse.Namespace) -> list[dict]:
     """Parameters and tokens/s of the baseline and of sub-layer fusion with each gate form."""
     variants = {"baseline": {}, **{f"sublayer-{g}": {**SYSTEMS["sublayer"], "fusion_gate": g}
@@ -287,6 +313,8 @@ def main() -> None:
             for s, by in runs.items()}}
         tables.append(markdown(pair, rows, args))
         print("\n" + tables[-1] + "\n", flush=True)
+        plot_valid_curves(runs, work / f"fusion_study-{pair}-valid.png",
+                          f"{pair}, {args.size}, {args.updates} updates, seeds {args.seeds}")
     name = "fusion_study_gates" if args.gate_throughput else "fusion_study"
     work.mkdir(parents=True, exist_ok=True)
     (work / f"{name}.json").write_text(json.dumps(report, indent=1))
