@@ -159,10 +159,7 @@ def plot(results: list[dict], png: Path, title: str, floor: float) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
+    bench.save_figure(fig, png)
 
 
 def _fmt(x: float) -> str:

@@ -56,6 +56,7 @@ from multi30k import (
     cached_result,
     experiment,
     markdown_table,
+    save_figure,
     timed,
     write_run_config,
 )
@@ -240,10 +241,7 @@ def plot_valid_curves(runs: dict, png: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def gate_throughput(pair: str, pair_dir: Path, args: argparse.Namespace) -> list[dict]:

@@ -91,6 +91,16 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
     return [line(header), "|" + "---|" * len(header), *map(line, rows)]
 
 
+def save_figure(fig, png: Path) -> None:
+    """Lay out a matplotlib figure, write it to ``png`` (folders made) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+
+
 def add_study_arguments(ap: argparse.ArgumentParser, workdir: Path, runs: str) -> None:
     """The options every training study shares: --budget, --workdir, --threads and --set
     (``runs`` names whose recipe --set overrides, for its help text)."""
