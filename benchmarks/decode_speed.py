@@ -10,7 +10,9 @@ and, for the latency rows, ``--latency`` sentences one at a time (batch 1). Runs
 interleaved (system A, B, ..., then again) and the median of ``--repeats`` is kept, since the
 machine is shared. BLEU (sacrebleu, detokenised by the model's own pipeline) is reported for
 each system; CTranslate2 divides scores by the length (length_penalty 1) where xinda uses
-GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. Writes
+GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. xinda ends a
+sentence's beam search after ``beam`` finished hypotheses (``decode.stop: beam``); the row
+"stop=best" ends it once a step's best candidate is finished, the rule CTranslate2 uses. Writes
 ``decode_speed.{json,md}`` to ``--out-dir``. Not a test: it takes a few minutes.
 """
 
@@ -38,13 +40,13 @@ BATCH, BEAM = 64, 5
 Decode = Callable[[list[list[str]], int, int], list[list[str]]]  # pieces, beam, batch -> pieces
 
 
-def xinda_decoder(translator: Translator, precision: str) -> Decode:
-    """xinda's own decoding of pieces at ``precision``."""
+def xinda_decoder(translator: Translator, precision: str, stop: str = "beam") -> Decode:
+    """xinda's own decoding of pieces at ``precision``, ending beams by the ``stop`` rule."""
     def decode(sources: list[list[str]], beam: int, batch: int) -> list[list[str]]:
         lines = [" ".join(s) for s in sources]
         out = translator.translate(lines, input_format="pieces", output_format="pieces",
                                    beam=beam, batch_size=batch, precision=precision,
-                                   max_len_a=1.5, max_len_b=10)
+                                   max_len_a=1.5, max_len_b=10, stop=stop)
         return [nbest[0].text.split() for nbest in out]
     return decode
 
@@ -75,6 +77,7 @@ def systems(translator: Translator, model_dir: Path, work: Path, threads: int
             ) -> dict[str, Decode]:
     """The decoders to compare; CTranslate2's only when it is installed."""
     found = {f"xinda {p}": xinda_decoder(translator, p) for p in ("fp32", "bf16", "int8")}
+    found["xinda int8 stop=best"] = xinda_decoder(translator, "int8", "best")
     try:
         from xinda.export.ctranslate2 import export_ctranslate2
 

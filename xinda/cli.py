@@ -114,6 +114,8 @@ def translate(
     alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
     coverage: Annotated[float | None, typer.Option(help="GNMT coverage penalty beta")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | int8 | auto")] = None,
+    stop: Annotated[str | None, typer.Option(
+        help="end a beam after `beam` finished (beam) or once the best ended (best)")] = None,
     nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
                      ] = None,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
@@ -159,7 +161,7 @@ def translate(
                                              input_format)
     given = {"beam": beam, "alpha": alpha, "coverage": coverage, "batch_size": batch_size,
              "max_len_a": max_len_a, "max_len_b": max_len_b, "precision": precision,
-             "nbest": nbest, **sampler}
+             "nbest": nbest, "stop": stop, **sampler}
     options = {k: v for k, v in given.items() if v is not None}
     dec = translator.decode_settings(options)
     if sampler and not dec.sampling:

@@ -110,6 +110,9 @@ class DecodeConfig(Strict):
     batch_size: int = Field(64, ge=1)  # sentences per batch (sorted by length)
     max_input_len: int = Field(250, ge=1)  # longer inputs are truncated with a warning
     nbest: int = Field(1, ge=1)
+    # beam search ends a sentence after `beam` finished hypotheses ("beam", fairseq) or once a
+    # step's best candidate ends in EOS and `nbest` are finished ("best", OpenNMT-py, CTranslate2)
+    stop: Literal["beam", "best"] = "beam"
     # auto: bf16 where it is fast; int8: dynamic int8 linear layers on CPU (xinda.models.quantize)
     precision: Literal["fp32", "bf16", "int8", "auto"] = "fp32"
     # sampling instead of beam search (xinda.decode.sampling; `xinda translate --sampling`)

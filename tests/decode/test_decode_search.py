@@ -41,15 +41,17 @@ def teacher_forced_logprob(model, src_row, tokens):
     return sum(float(logp[t, y]) for t, y in enumerate(target))
 
 
-def reference_beam_search(model, src_row, k, alpha, max_len_a, max_len_b):
+def reference_beam_search(model, src_row, k, alpha, max_len_a, max_len_b, stop="beam",
+                          nbest=1):
     """One sentence, no incremental state, plain Python: the same algorithm as ``beam_search``
     (rank 2k candidates, finalise EOS among the top k, continue the best k non-EOS, stop at k
-    finished hypotheses, force EOS at the length limit)."""
+    finished hypotheses, or with stop "best" once a step's best candidate was EOS and
+    ``nbest`` are finished, force EOS at the length limit)."""
     vocab = model.vocab
     src = src_row[src_row.ne(vocab.pad)][None]
     enc = model.encode(src)
     limit = int(max_lengths(torch.tensor([src.size(1)]), max_len_a, max_len_b, 1023)[0])
-    beams, finished = [([vocab.bos], 0.0)], []
+    beams, finished, best_ended = [([vocab.bos], 0.0)], [], False
     for step in range(limit):
         prev = torch.tensor([tokens for tokens, _ in beams])
         logits, _ = model.decode(prev, enc.reorder(torch.zeros(len(beams), dtype=torch.long)))
@@ -65,7 +67,8 @@ def reference_beam_search(model, src_row, k, alpha, max_len_a, max_len_b):
             if t == vocab.eos and score > -math.inf and len(finished) < k:
                 tokens = beams[i][0][1:]
                 finished.append((tokens, score / length_penalty(len(tokens) + 1, alpha)))
-        if len(finished) >= k:
+        best_ended |= cands[0][2] == vocab.eos and cands[0][0] > -math.inf
+        if len(finished) >= k or (stop == "best" and best_ended and len(finished) >= nbest):
             break
         beams = [(beams[i][0] + [t], score) for score, i, t in cands if t != vocab.eos][:k]
     return sorted(finished, key=lambda h: -h[1])
@@ -120,6 +123,38 @@ def test_batched_beam_search_matches_unbatched_reference(seed, tiny_model, make_
                 assert [h.tokens for h in got[row]] == [tokens for tokens, _ in ref]
                 assert [h.score for h in got[row]] == pytest.approx([s for _, s in ref],
                                                                       abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stop_at_best_ended_matches_unbatched_reference(seed, tiny_model, make_src):
+    """stop "best" (OpenNMT-py, CTranslate2): a sentence ends once a step's best candidate is
+    EOS and nbest hypotheses are finished; each result is the reference's."""
+    model = tiny_model(seed, eos_bias=2.0)
+    src = make_src(LENGTHS, seed)
+    for k, alpha, nbest in ((3, 0.0, 1), (4, 1.0, 1), (4, 1.0, 3)):
+        config = DecodeConfig(beam=k, alpha=alpha, nbest=nbest, max_len_a=1.0, max_len_b=5,
+                              stop="best")
+        got = beam_search(model, src, config)
+        with torch.no_grad():
+            for row in range(len(LENGTHS)):
+                ref = reference_beam_search(model, src[row], k, alpha, 1.0, 5, "best", nbest)
+                assert [h.tokens for h in got[row]] == [tokens for tokens, _ in ref][:nbest]
+                assert [h.score for h in got[row]] == pytest.approx(
+                    [s for _, s in ref][:nbest], abs=1e-4)
+
+
+def test_stop_at_best_ended_keeps_a_hypothesis_of_the_full_search(tiny_model, make_src):
+    """Both rules follow the same beams; "best" only stops sooner. Its answer is one of the
+    beam hypotheses the full search finishes, scoring no better than the full search's best."""
+    model = tiny_model(1, eos_bias=2.0)
+    src = make_src(LENGTHS, 1)
+    for alpha in (0.0, 1.0):
+        full = beam_search(model, src, DecodeConfig(beam=4, alpha=alpha, nbest=4))
+        early = beam_search(model, src, DecodeConfig(beam=4, alpha=alpha, stop="best"))
+        for e, f in zip(early, full):
+            assert len(e) == 1 and len(f) == 4
+            assert tuple(e[0].tokens) in {tuple(h.tokens) for h in f}
+            assert e[0].score <= f[0].score + 1e-6
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -165,7 +165,8 @@ def test_a_line_of_control_characters_translates_to_an_empty_line(trained, xinda
 
 @pytest.mark.parametrize(("option", "value", "setting"), [
     ("--beam", "0", "decode.beam"), ("--batch-size", "0", "decode.batch_size"),
-    ("--alpha", "-1", "decode.alpha"), ("--precision", "fp8", "decode.precision")])
+    ("--alpha", "-1", "decode.alpha"), ("--precision", "fp8", "decode.precision"),
+    ("--stop", "first", "decode.stop")])
 def test_bad_decode_options_are_one_line_errors(trained, xinda, one_line_error, option, value,
                                                 setting):
     proc = xinda("translate", trained.model_dir, option, value, input="five\n", ok=False)

@@ -69,6 +69,18 @@ def test_sampling_top_k_one_equals_greedy(trained, files, xinda):
     assert translate(xinda, trained, folder, "--sampling", "--top-k", "1").stdout == greedy
 
 
+def test_stopping_at_the_best_ended_never_scores_above_the_full_beam(trained, files, xinda):
+    """--stop best ends a search earlier than --stop beam on the same path, so its best
+    hypothesis is one the full search also finished: never a higher score."""
+    folder, src = files
+    scored = {stop: [line.split("\t") for line in translate(
+        xinda, trained, folder, "--beam", "4", "--scores", "--stop", stop).stdout.splitlines()]
+        for stop in ("beam", "best")}
+    assert len(scored["best"]) == len(src)
+    for (full, _), (early, _) in zip(scored["beam"], scored["best"]):
+        assert float(early) <= float(full) + 1e-4
+
+
 def test_bans_and_ngram_blocking_hold(trained, files, xinda):
     folder, src = files
     out = translate(xinda, trained, folder, "--output-format", "pieces", "--ban", "1, 2",

@@ -67,7 +67,7 @@ def test_an_empty_text_is_a_bad_request_naming_it(client, text):
 
 def test_n_best_and_attention_shape(client):
     entry = post(client, "/v1/translate", model="numbers", text=NUMBERS, beam=3, n_best=3,
-                 alpha=0.5, attention=True).json()["translations"][0]
+                 alpha=0.5, stop="best", attention=True).json()["translations"][0]
     assert len(entry["nbest"]) == 3
     scores = [h["score"] for h in entry["nbest"]]
     assert scores == sorted(scores, reverse=True)
@@ -154,6 +154,7 @@ BAD_FIELDS = [
     ({"text": "one", "n_best": 2.5}, "n_best"),
     ({"text": "one", "attention": "yes"}, "attention"),
     ({"text": "one", "top_p": 2}, "top_p"),
+    ({"text": "one", "stop": "first"}, "stop"),
     ({"text": "one", "constraints": {"exact_length": -1}}, "constraints.exact_length"),
     ({"text": "one", "constraints": {"prefix": "1"}}, "constraints.prefix"),
     ({"text": "one", "constraints": {"prefix": ["1", "2"]}}, "constraints.prefix"),

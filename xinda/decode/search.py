@@ -177,6 +177,7 @@ class _Beams:
     tokens: Tensor  # (N*K, t) ids so far, starting with BOS
     scores: Tensor  # (N, K) cumulative log-probabilities
     attention: Tensor | None  # (N*K, t-1, S) attention history, when asked
+    best_ended: Tensor  # (N,) bool: a step's best candidate has ended in EOS
 
 
 @torch.no_grad()
@@ -202,7 +203,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
     scores[:, 0] = 0.0  # all beams start identical: keep one
     beams = _Beams(torch.arange(batch, device=device),
                    torch.full((batch * k, 1), vocab.bos, dtype=torch.long, device=device),
-                   scores, None)
+                   scores, None, torch.zeros(batch, dtype=torch.bool, device=device))
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     state: dict = {}
     for step in range(int(limits.max())):
@@ -223,8 +224,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
         keep_rank = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).argsort(1)[:, :k]
         rows = (torch.arange(n, device=device)[:, None] * k + src_beam.gather(1, keep_rank))
         kept = top_scores.gather(1, keep_rank)  # (N, K) scores of the beams to continue
-        done = torch.tensor([len(finished[i]) >= k for i in beams.alive.tolist()],
-                            device=device) | kept.isneginf().all(1)  # or nothing left to extend
+        done = _sentences_done(beams, finished, is_eos, dec) | kept.isneginf().all(1)
         if done.all():
             break
         live = ~done
@@ -234,8 +234,24 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
             enc = enc.select(rows, k)
         new_tokens = token.gather(1, keep_rank)[live].view(-1, 1)
         beams = _Beams(beams.alive[live], torch.cat([beams.tokens[rows], new_tokens], 1),
-                       kept[live], None if beams.attention is None else beams.attention[rows])
+                       kept[live], None if beams.attention is None else beams.attention[rows],
+                       beams.best_ended[live])
     return [sorted(hyps, key=lambda h: -h.score)[:dec.nbest] for hyps in finished]
+
+
+def _sentences_done(beams: _Beams, finished: list[list[Hypothesis]], is_eos: Tensor,
+                    dec: DecodeConfig) -> Tensor:
+    """(N,) whether each live sentence's search ends after this step. ``dec.stop`` "beam": once
+    it has ``beam`` finished hypotheses (fairseq); "best": once a step's best candidate has
+    ended in EOS and ``nbest`` hypotheses are finished (OpenNMT-py, CTranslate2).
+    is_eos (N, 2K): which ranked candidates end in EOS."""
+    count = torch.tensor([len(finished[i]) for i in beams.alive.tolist()],
+                         device=is_eos.device)
+    done = count.ge(dec.beam)
+    if dec.stop == "best":
+        beams.best_ended |= is_eos[:, 0]
+        done |= beams.best_ended & count.ge(min(dec.nbest, dec.beam))
+    return done
 
 
 def _top_candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:

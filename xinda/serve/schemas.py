@@ -4,7 +4,7 @@ per text) are checked by the app, with their own error codes."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +40,8 @@ class TranslateRequest(Strict):
     beam: int | None = Field(None, ge=1, le=MAX_BEAM)
     n_best: NBestCount = None
     alpha: float | None = Field(None, ge=0, le=10)
+    stop: Literal["beam", "best"] | None = Field(None, description="end a beam search after "
+                                                 "`beam` finished or once the best ended")
     sampling: bool | None = None
     temperature: float | None = Field(None, gt=0, le=100)
     top_k: int | None = Field(None, ge=0)
@@ -52,7 +54,7 @@ class TranslateRequest(Strict):
     def decode_options(self) -> dict:
         """The given decode settings, as ``DecodeConfig`` fields."""
         given = {"beam": self.beam, "nbest": self.n_best, "alpha": self.alpha,
-                 "sampling": self.sampling, "temperature": self.temperature,
+                 "stop": self.stop, "sampling": self.sampling, "temperature": self.temperature,
                  "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed,
                  "samples": self.samples}
         return {k: v for k, v in given.items() if v is not None}
