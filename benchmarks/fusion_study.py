@@ -4,7 +4,7 @@ bootstrap test against the baseline.
 
     python benchmarks/fusion_study.py [--pairs de-en] [--seeds 1,2,3] [--updates 6000]
         [--size small|base] [--gate elementwise] [--systems baseline,...]
-        [--workdir runs/fusion-study] [--threads 2] [--set section.key=value ...]
+        [--workdir runs/fusion-study] [--threads 2] [--jobs 1] [--set section.key=value ...]
     python benchmarks/fusion_study.py --gate-throughput [--updates 60] [--size small]
 
 Systems (every fusion on encoder and decoder unless named otherwise):
@@ -43,6 +43,7 @@ import os
 import shutil
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -173,6 +174,24 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
     return result
 
 
+def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
+            args: argparse.Namespace) -> dict[str, dict[int, dict]]:
+    """Every (system, seed) run of a pair, ``args.jobs`` at a time (several runs share one GPU
+    well), started seed-major: a slow spell of the machine hits every system alike."""
+    def one(system: str, seed: int) -> dict:
+        run_dir = pair_dir / system / f"seed{seed}"
+        cfg = run_config(pair, run_dir, pair_dir, SYSTEMS[system], seed, args)
+        return train_and_score(pair, run_dir, cfg, args.threads, f"[{pair}] {system} seed {seed}")
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        started = {(system, seed): pool.submit(one, system, seed)
+                   for seed in seeds for system in systems}
+        runs: dict[str, dict[int, dict]] = {s: {} for s in systems}
+        for (system, seed), future in started.items():
+            runs[system][seed] = future.result()
+    return runs
+
+
 def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float:
     """p of sacrebleu's paired bootstrap test (1000 samples): system against baseline."""
     p = PAIRS[pair]
@@ -274,7 +293,8 @@ def main() -> None:
     ap.add_argument("--gate", choices=GATES, default="elementwise")
     ap.add_argument("--gate-throughput", action="store_true")
     ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "fusion-study")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads of each run")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (on a GPU: several)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     metavar="SECTION.KEY=VALUE", help="override every run's recipe")
     args = ap.parse_args()
@@ -298,13 +318,7 @@ def main() -> None:
             report["pairs"][pair] = {"gates": gate_throughput(pair, pair_dir, args)}
             tables.append(gate_markdown(pair, report["pairs"][pair]["gates"], args))
             continue
-        runs: dict[str, dict[int, dict]] = {s: {} for s in systems}
-        for seed in seeds:  # seed-major: a slow spell of the machine hits every system alike
-            for system in systems:
-                run_dir = pair_dir / system / f"seed{seed}"
-                cfg = run_config(pair, run_dir, pair_dir, SYSTEMS[system], seed, args)
-                runs[system][seed] = train_and_score(pair, run_dir, cfg, args.threads,
-                                                     f"[{pair}] {system} seed {seed}")
+        runs = run_all(pair, pair_dir, systems, seeds, args)
         rows = summarise(pair, pair_dir, runs, seeds)
         report["pairs"][pair] = {"summary": rows, "runs": {
             s: {seed: {k: v for k, v in r.items() if k != "config"} for seed, r in by.items()}

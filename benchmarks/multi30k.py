@@ -112,18 +112,26 @@ def add_study_arguments(ap: argparse.ArgumentParser, workdir: Path, runs: str) -
                     help=f"override {runs} recipe, e.g. train.lr=7e-4 (YAML value)")
 
 
+# Runs a command and writes its peak RSS (KiB, from wait4) to argv[1]: forked from this small
+# process, so the figure is the command's own, not the fork of a large caller (/usr/bin/time -v
+# does the same; the GPU machine may not have it).
+PEAK_RSS = ("import os, subprocess, sys; child = subprocess.Popen(sys.argv[2:]); "
+            "_, status, usage = os.wait4(child.pid, 0); "
+            "open(sys.argv[1], 'w').write(str(usage.ru_maxrss)); "
+            "sys.exit(os.waitstatus_to_exitcode(status))")
+
+
 def timed(cmd: list[str], log_path: Path, append: bool = False) -> dict:
-    """Run cmd under /usr/bin/time -v; return wall seconds and peak RSS (MB) (of this command:
-    with ``append``, its output is added to ``log_path``)."""
-    time_file = log_path.with_suffix(".time")
+    """Run cmd with its output in ``log_path`` (added to it with ``append``); return wall seconds
+    and the command's peak RSS (MB). Safe to call from several threads at once."""
+    rss_file = log_path.with_suffix(".rss")
     start = time.time()
     with log_path.open("a" if append else "w") as log:
-        proc = subprocess.run(["/usr/bin/time", "-v", "-o", str(time_file), *cmd], check=False,
+        proc = subprocess.run([sys.executable, "-c", PEAK_RSS, str(rss_file), *cmd], check=False,
                               stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{log_path.read_text()[-2000:]}")
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_file.read_text())
-    return {"wall_s": time.time() - start, "peak_rss_mb": int(rss.group(1)) / 1024 if rss else None}
+    return {"wall_s": time.time() - start, "peak_rss_mb": int(rss_file.read_text()) / 1024}
 
 
 def main() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -119,6 +121,41 @@ def test_fusion_study_resumes_only_an_interrupted_run_of_the_same_config(tmp_pat
     assert fusion_study.unfinished_run(run, cfg)
     assert not fusion_study.unfinished_run(run, {**cfg, "train": {"max_steps": 3000,
                                                                   "seed": 1}})
+
+
+def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatch):
+    """--jobs 2: all six (system, seed) runs come back under their own keys, never more than
+    two training at the same time."""
+    lock, active, peak = threading.Lock(), [0], [0]
+
+    def fake_train(pair, run_dir, cfg, threads, label):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return {"seed": cfg["train"]["seed"], "system": run_dir.parent.name}
+
+    monkeypatch.setattr(fusion_study, "train_and_score", fake_train)
+    args = argparse.Namespace(threads=1, size="small", updates=10, gate="elementwise",
+                              overrides=[], jobs=2)
+    runs = fusion_study.run_all("de-en", Path("pair"), ["baseline", "layer", "sublayer"],
+                                [1, 2], args)
+    assert peak[0] == 2
+    assert {(s, seed): r for s, by in runs.items() for seed, r in by.items()} == {
+        (s, seed): {"seed": seed, "system": s}
+        for s in ("baseline", "layer", "sublayer") for seed in (1, 2)}
+
+
+def test_timed_reports_the_commands_own_peak_memory_and_stops_on_failure(tmp_path):
+    log = tmp_path / "run.log"
+    big = multi30k.timed([sys.executable, "-c", "b = bytearray(200 << 20); print('ok')"], log)
+    small = multi30k.timed([sys.executable, "-c", "print('again')"], log, append=True)
+    assert big["peak_rss_mb"] >= 200 > small["peak_rss_mb"]
+    assert log.read_text() == "ok\nagain\n"
+    with pytest.raises(SystemExit, match="failed: .*boom"):
+        multi30k.timed([sys.executable, "-c", "raise SystemExit('boom')"], log)
 
 
 def test_gpu_throughput_lengths_from_a_prepared_corpus_are_its_pairs(tmp_path):
