@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# What the GPU runs of issues 14 and 15 need on the lent GPU machine, which reaches no package
+# registry and does not see ../shared: packed here, carried as .kit/, used there.
+#
+# Here:   bash benchmarks/gpu/kit.sh pack [CORPUS...]    default corpus: multi30k
+#   .kit/whl   wheels the GPU image lacks (pydantic and its parts, sacremoses; jieba's sdist
+#              when tatoeba-zh-en is packed), for CPython 3.12 on x86-64
+#   .kit/data  the raw corpora from ../shared/data (XINDA_SHARED_DATA there)
+# There (the device tool's run, carry [".kit"]), from the repository root:
+#   bash benchmarks/gpu/kit.sh run CMD...          CMD in the foreground, in the kit's environment
+#   bash benchmarks/gpu/kit.sh start NAME CMD...   CMD detached (outlives the call), log .kit/logs/NAME.log
+#   bash benchmarks/gpu/kit.sh status              the tail of every log, GPU use
+#   bash benchmarks/gpu/kit.sh collect PATH...     PATHs' results (json, md, png, hyp, log) and the
+#                                                  logs into $OUT/results.tar.gz
+# benchmarks/gpu/README.md gives the calls of a 30-minute GPU session.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KIT=$PWD/.kit
+SHARED_DATA=${XINDA_SHARED_DATA:-$PWD/../shared/data}
+PY=${PYTHON:-python3}
+
+pack() {
+    local corpora=("${@:-multi30k}")
+    mkdir -p "$KIT/whl" "$KIT/data"
+    local wheels=(pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0
+                  typing-inspection==0.4.2 typing-extensions==4.16.0 sacremoses==0.2.0)
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$KIT/whl" "${wheels[@]}"
+    for corpus in "${corpora[@]}"; do
+        [ -d "$SHARED_DATA/$corpus" ] || { echo "kit: no corpus $SHARED_DATA/$corpus" >&2; exit 2; }
+        cp -r "$SHARED_DATA/$corpus" "$KIT/data/"
+        if [ "$corpus" = tatoeba-zh-en ]; then  # jieba is published as an sdist only
+            "$PY" -m pip download -q --no-deps --no-binary=:all: -d "$KIT/whl" jieba==0.42.1
+        fi
+    done
+    du -sh "$KIT"
+}
+
+environment() {
+    if [ ! -f /tmp/kit-site/.done ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/kit-site "$KIT"/whl/*
+        touch /tmp/kit-site/.done
+    fi
+    export PYTHONPATH=/tmp/kit-site:$PWD PYTHONUNBUFFERED=1 XINDA_SHARED_DATA=$KIT/data
+    mkdir -p "$KIT/logs"
+}
+
+collect() {
+    [ -n "${OUT:-}" ] || { echo "kit: collect writes to \$OUT, which is unset" >&2; exit 2; }
+    local found
+    found=$(find "$@" .kit/logs -type f \( -name '*.json' -o -name '*.md' -o -name '*.png' \
+            -o -name '*.hyp' -o -name '*.log' -o -name '*.csv' \) 2>/dev/null || true)
+    tar -czf "$OUT/results.tar.gz" $found
+    tar -tzf "$OUT/results.tar.gz" | wc -l
+}
+
+case "${1:-}" in
+    pack) shift; pack "$@" ;;
+    run) shift; environment; exec "$@" ;;
+    start) shift; environment; name=$1; shift
+        setsid "$@" > "$KIT/logs/$name.log" 2>&1 < /dev/null &
+        echo "kit: started $name (pid $!), log .kit/logs/$name.log" ;;
+    status) for log in "$KIT"/logs/*.log; do echo "== $log"; tail -n 5 "$log"; done
+        nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv 2>/dev/null || true ;;
+    collect) shift; collect "$@" ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
+esac
