@@ -147,8 +147,9 @@ class Worker:
                     self._run([job])
             return
         seconds, offset = time.perf_counter() - start, 0
-        # counted before any job is answered: a client that reads /metrics after its answer sees it
-        self.metrics.batch(self.model.name, len(batch), len(inputs), seconds)
-        for job in batch:
-            job.future.set_result(results[offset:offset + len(job.inputs)])
-            offset += len(job.inputs)
+        try:  # counted before the answers, so a client's next /metrics read includes its batch
+            self.metrics.batch(self.model.name, len(batch), len(inputs), seconds)
+        finally:  # and the jobs are answered even if counting fails
+            for job in batch:
+                job.future.set_result(results[offset:offset + len(job.inputs)])
+                offset += len(job.inputs)
