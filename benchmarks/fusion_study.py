@@ -303,6 +303,8 @@ def main() -> None:
     unknown = [p for p in pairs if p not in PAIRS] + [s for s in systems if s not in SYSTEMS]
     if unknown:
         ap.error(f"unknown pair/system: {', '.join(unknown)}")
+    if args.jobs < 1 or args.threads < 1:
+        ap.error("--jobs and --threads must be at least 1")
     if "baseline" not in systems:
         systems.insert(0, "baseline")  # the paired tests need it
     os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
