@@ -31,7 +31,10 @@ scalar) and the baseline for ``--updates`` updates and reports parameters and to
 Results: WORKDIR/fusion_study.{json,md}. Finished runs (result.json) are reused and
 interrupted ones resume from their newest checkpoint, so the study can run in parts. A run's
 folder does not name its update count: give a study with another ``--updates`` its own
-``--workdir``.
+``--workdir``. Every finished run is also kept, without its checkpoints, in
+``--keep``/PAIR-SIZE-UPDATES/SYSTEM-seedN.{json,hyp} (its result and test translations, paths
+made portable); a fresh checkout or machine restores runs from there instead of training them
+again. Commit that folder to carry a CPU study over several sessions.
 """
 
 from __future__ import annotations
@@ -174,14 +177,70 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
     return result
 
 
+def path_marks(work: Path) -> list[tuple[str, str]]:
+    """(placeholder, absolute path) of the study's folder and the shared data, longest first."""
+    return sorted([("$WORKDIR", str(work)), ("$SHARED", str(SHARED))], key=lambda m: -len(m[1]))
+
+
+def portable(text: str, work: Path) -> str:
+    """``text`` with the study's and the shared data's absolute paths as placeholders."""
+    for mark, path in path_marks(work):
+        text = text.replace(path, mark)
+    return text
+
+
+def localised(text: str, work: Path) -> str:
+    """The inverse of :func:`portable` on this machine."""
+    for mark, path in path_marks(work):
+        text = text.replace(mark, path)
+    return text
+
+
+def kept_files(keep: Path, pair: str, system: str, seed: int,
+               args: argparse.Namespace) -> tuple[Path, Path]:
+    """Where a finished run's result and test translations are kept: (json, hyp)."""
+    stem = keep / f"{pair}-{args.size}-{args.updates}" / f"{system}-seed{seed}"
+    return stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.hyp"
+
+
+def restore_kept(run_dir: Path, kept: tuple[Path, Path], hyp_name: str, work: Path) -> bool:
+    """Put a kept run into ``run_dir`` unless that holds a finished run already; whether it did."""
+    kept_json, kept_hyp = kept
+    if (run_dir / "result.json").exists() or not kept_json.exists():
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if kept_hyp.exists():
+        shutil.copyfile(kept_hyp, run_dir / hyp_name)
+    (run_dir / "result.json").write_text(localised(kept_json.read_text(), work))
+    return True
+
+
+def keep_finished(run_dir: Path, kept: tuple[Path, Path], hyp_name: str, work: Path) -> None:
+    """Copy a finished run's result.json and test translations (not its checkpoints) to ``kept``."""
+    kept_json, kept_hyp = kept
+    kept_json.parent.mkdir(parents=True, exist_ok=True)
+    if (run_dir / hyp_name).exists():
+        shutil.copyfile(run_dir / hyp_name, kept_hyp)
+    kept_json.write_text(portable((run_dir / "result.json").read_text(), work))
+
+
 def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
             args: argparse.Namespace) -> dict[str, dict[int, dict]]:
     """Every (system, seed) run of a pair, ``args.jobs`` at a time (several runs share one GPU
-    well), started seed-major: a slow spell of the machine hits every system alike."""
+    well), started seed-major: a slow spell of the machine hits every system alike. Runs kept
+    in ``args.keep`` are restored instead of trained; finished runs are kept there."""
+    work, hyp_name = args.workdir.resolve(), f"{PAIRS[pair]['test']}.hyp"
+
     def one(system: str, seed: int) -> dict:
         run_dir = pair_dir / system / f"seed{seed}"
         cfg = run_config(pair, run_dir, pair_dir, SYSTEMS[system], seed, args)
-        return train_and_score(pair, run_dir, cfg, args.threads, f"[{pair}] {system} seed {seed}")
+        kept = kept_files(args.keep, pair, system, seed, args)
+        if restore_kept(run_dir, kept, hyp_name, work):
+            print(f"[{pair}] {system} seed {seed}: restored from {kept[0]}", flush=True)
+        result = train_and_score(pair, run_dir, cfg, args.threads,
+                                 f"[{pair}] {system} seed {seed}")
+        keep_finished(run_dir, kept, hyp_name, work)
+        return result
 
     with ThreadPoolExecutor(args.jobs) as pool:
         started = {(system, seed): pool.submit(one, system, seed)
@@ -192,11 +251,16 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
     return runs
 
 
-def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float:
-    """p of sacrebleu's paired bootstrap test (1000 samples): system against baseline."""
+def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float | None:
+    """p of sacrebleu's paired bootstrap test (1000 samples): system against baseline; None
+    when either run's test translations are missing."""
     p = PAIRS[pair]
+    hyp_paths = [d / f"{p['test']}.hyp" for d in (baseline_dir, system_dir)]
+    if missing := [h for h in hyp_paths if not h.exists()]:
+        print(f"[{pair}] no paired test: {', '.join(map(str, missing))} missing", flush=True)
+        return None
     refs = list(read_lines(raw_file(SHARED / p["corpus"] / p["test"], p["tgt"])))
-    hyps = [list(read_lines(d / f"{p['test']}.hyp")) for d in (baseline_dir, system_dir)]
+    hyps = [list(read_lines(h)) for h in hyp_paths]
     metric = BLEU(tokenize=p["tokenize"]) if p["tokenize"] else BLEU()
     _, results = PairedTest(list(zip(("baseline", "system"), hyps)), {"BLEU": metric}, [refs],
                             test_type="bs", n_samples=1000)()
@@ -232,7 +296,8 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
               "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f}",
-             "–" if r["p_vs_baseline"] is None else " / ".join(map(str, r["p_vs_baseline"])),
+             "–" if r["p_vs_baseline"] is None else
+             " / ".join("n/a" if p is None else str(p) for p in r["p_vs_baseline"]),
              r["tok_per_s"], r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
              *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
@@ -293,6 +358,8 @@ def main() -> None:
     ap.add_argument("--gate", choices=GATES, default="elementwise")
     ap.add_argument("--gate-throughput", action="store_true")
     ap.add_argument("--workdir", type=Path, default=ROOT / "runs" / "fusion-study")
+    ap.add_argument("--keep", type=Path, default=ROOT / "docs" / "results" / "fusion-study",
+                    help="where finished runs' results and translations are kept and restored")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of each run")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (on a GPU: several)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],

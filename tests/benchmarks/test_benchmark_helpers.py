@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import threading
@@ -123,7 +124,7 @@ def test_fusion_study_resumes_only_an_interrupted_run_of_the_same_config(tmp_pat
                                                                   "seed": 1}})
 
 
-def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatch):
+def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatch, tmp_path):
     """--jobs 2: all six (system, seed) runs come back under their own keys, never more than
     two training at the same time."""
     lock, active, peak = threading.Lock(), [0], [0]
@@ -139,13 +140,51 @@ def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatc
 
     monkeypatch.setattr(fusion_study, "train_and_score", fake_train)
     args = argparse.Namespace(threads=1, size="small", updates=10, gate="elementwise",
-                              overrides=[], jobs=2)
-    runs = fusion_study.run_all("de-en", Path("pair"), ["baseline", "layer", "sublayer"],
+                              overrides=[], jobs=2, workdir=tmp_path, keep=tmp_path / "kept")
+    monkeypatch.setattr(fusion_study, "keep_finished", lambda *a: None)
+    runs = fusion_study.run_all("de-en", tmp_path / "pair", ["baseline", "layer", "sublayer"],
                                 [1, 2], args)
     assert peak[0] == 2
     assert {(s, seed): r for s, by in runs.items() for seed, r in by.items()} == {
         (s, seed): {"seed": seed, "system": s}
         for s in ("baseline", "layer", "sublayer") for seed in (1, 2)}
+
+
+def test_fusion_study_keeps_a_finished_run_and_restores_it_on_another_machine(tmp_path):
+    """A finished run's result and translations are kept with portable paths; a fresh workdir
+    elsewhere gets them back with its own paths, and a finished run is never overwritten."""
+    args = argparse.Namespace(size="small", updates=6000)
+    kept = fusion_study.kept_files(tmp_path / "kept", "de-en", "sublayer", 2, args)
+    assert kept == (tmp_path / "kept/de-en-small-6000/sublayer-seed2.json",
+                    tmp_path / "kept/de-en-small-6000/sublayer-seed2.hyp")
+    here, there = tmp_path / "here", tmp_path / "elsewhere"
+    run = here / "de-en/small/sublayer/seed2"
+    run.mkdir(parents=True)
+    cfg = {"data": {"out_dir": str(here / "de-en/small/data-bin"),
+                    "train_src": str(multi30k.SHARED / "multi30k/train.de")}}
+    (run / "result.json").write_text(json.dumps({"bleu": 40.1, "config": cfg}))
+    (run / "test.hyp").write_text("a man .\n")
+    fusion_study.keep_finished(run, kept, "test.hyp", here)
+    assert str(here) not in kept[0].read_text() and str(multi30k.SHARED) not in kept[0].read_text()
+
+    moved = there / "de-en/small/sublayer/seed2"
+    assert fusion_study.restore_kept(moved, kept, "test.hyp", there)
+    restored = json.loads((moved / "result.json").read_text())
+    assert restored == {"bleu": 40.1, "config": {
+        "data": {"out_dir": str(there / "de-en/small/data-bin"),
+                 "train_src": str(multi30k.SHARED / "multi30k/train.de")}}}
+    assert (moved / "test.hyp").read_text() == "a man .\n"
+    (moved / "result.json").write_text("{}")
+    assert not fusion_study.restore_kept(moved, kept, "test.hyp", there)  # finished: kept as is
+    assert (moved / "result.json").read_text() == "{}"
+    assert not fusion_study.restore_kept(tmp_path / "other", (tmp_path / "none.json",
+                                                              tmp_path / "none.hyp"),
+                                         "test.hyp", there)
+
+
+def test_fusion_study_has_no_paired_test_without_both_translations(tmp_path):
+    (tmp_path / "base").mkdir()
+    assert fusion_study.paired_p("de-en", tmp_path / "base", tmp_path / "system") is None
 
 
 def test_timed_reports_the_commands_own_peak_memory_and_stops_on_failure(tmp_path):
