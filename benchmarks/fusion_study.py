@@ -208,10 +208,15 @@ def restore_kept(run_dir: Path, kept: tuple[Path, Path], hyp_name: str, work: Pa
     kept_json, kept_hyp = kept
     if (run_dir / "result.json").exists() or not kept_json.exists():
         return False
+    text = localised(kept_json.read_text(), work)
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{kept_json}: not a kept run's result ({e}); fix or delete it") from e
     run_dir.mkdir(parents=True, exist_ok=True)
     if kept_hyp.exists():
         shutil.copyfile(kept_hyp, run_dir / hyp_name)
-    (run_dir / "result.json").write_text(localised(kept_json.read_text(), work))
+    (run_dir / "result.json").write_text(text)
     return True
 
 

@@ -182,6 +182,14 @@ def test_fusion_study_keeps_a_finished_run_and_restores_it_on_another_machine(tm
                                          "test.hyp", there)
 
 
+def test_fusion_study_stops_on_a_broken_kept_run_with_its_path(tmp_path):
+    kept = (tmp_path / "baseline-seed1.json", tmp_path / "baseline-seed1.hyp")
+    kept[0].write_text('{"bleu": 40.1,\n<<<<<<< HEAD')
+    with pytest.raises(SystemExit, match=r"baseline-seed1.json: not a kept run's result"):
+        fusion_study.restore_kept(tmp_path / "run", kept, "test.hyp", tmp_path)
+    assert not (tmp_path / "run").exists()
+
+
 def test_fusion_study_has_no_paired_test_without_both_translations(tmp_path):
     (tmp_path / "base").mkdir()
     assert fusion_study.paired_p("de-en", tmp_path / "base", tmp_path / "system") is None
