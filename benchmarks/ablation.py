@@ -39,8 +39,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi30k import (
     PAIRS,
@@ -50,6 +48,7 @@ from multi30k import (
     cached_result,
     experiment,
     markdown_table,
+    prepare_once,
     timed,
     write_run_config,
 )
@@ -89,14 +88,8 @@ def run_config(pair_name: str, pair_dir: Path, run_dir: Path, model: dict, seed:
 
 def prepare_pair(pair_name: str, pair_dir: Path, budget: float, threads: int,
                  overrides: list[str]) -> None:
-    if (pair_dir / "data-bin" / "manifest.json").exists():
-        return
-    pair_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_config(pair_name, pair_dir, pair_dir, SMALL, 1, budget, threads, overrides)
-    cfg_path = pair_dir / "prepare.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    print(f"[{pair_name}] preparing data -> {pair_dir / 'data-bin'}", flush=True)
-    timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)], pair_dir / "prepare.log")
+    prepare_once(cfg, pair_dir, f"[{pair_name}] ")
 
 
 def train_curve(run_dir: Path) -> list[list[float]]:

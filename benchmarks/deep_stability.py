@@ -45,7 +45,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import multi30k as bench
@@ -224,12 +223,7 @@ def main() -> None:
     data_bin = (args.data_bin or work / "data-bin").resolve()
     os.environ.update(OMP_NUM_THREADS=str(args.run_threads),
                       MKL_NUM_THREADS=str(args.run_threads))
-    if not (data_bin / "manifest.json").exists():
-        cfg_path = work / "prepare.yaml"
-        cfg_path.write_text(yaml.safe_dump(stability_config(work, data_bin, "pre", args)))
-        print(f"preparing data -> {data_bin}", flush=True)
-        bench.timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)],
-                    work / "prepare.log")
+    bench.prepare_once(stability_config(work, data_bin, "pre", args), work)
 
     if args.parallel:  # the runs are subprocesses: threads here only wait for them
         with ThreadPoolExecutor(len(NORMS)) as pool:

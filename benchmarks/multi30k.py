@@ -134,6 +134,19 @@ def timed(cmd: list[str], log_path: Path, append: bool = False) -> dict:
     return {"wall_s": time.time() - start, "peak_rss_mb": int(rss_file.read_text()) / 1024}
 
 
+def prepare_once(cfg: dict, work: Path, label: str = "") -> None:
+    """``xinda prepare`` the data of ``cfg`` into its data.out_dir unless a manifest is there
+    (config and log in ``work``)."""
+    data_bin = Path(cfg["data"]["out_dir"])
+    if (data_bin / "manifest.json").exists():
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_path = work / "prepare.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    print(f"{label}preparing data -> {data_bin}", flush=True)
+    timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)], work / "prepare.log")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=1800.0, help="training seconds")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 
 import pytest
@@ -92,3 +93,6 @@ def test_the_trainer_logs_the_scorers_bleu(cfg, tmp_path):
     with open(tmp_path / "m" / "log.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert [float(r["valid_bleu"]) for r in rows if r["valid_bleu"]] == [42.0]
+    stats = json.loads((tmp_path / "m" / "train_stats.json").read_text())
+    [valid] = [r for r in rows if r["valid_loss"]]  # at the training seconds so far: all of them
+    assert float(valid["elapsed_s"]) == pytest.approx(stats["train_seconds"], rel=1e-5)

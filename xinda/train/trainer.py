@@ -353,8 +353,9 @@ class Trainer:
     def validate_and_keep_best(self) -> bool:
         scores = self.validate()
         p = self.progress
-        self.csv.write(step=p.step, epoch=p.epoch, valid_loss=scores["loss"],
-                       valid_ppl=math.exp(min(scores["nll"], 50)), valid_bleu=scores.get("bleu"))
+        self.csv.write(step=p.step, epoch=p.epoch, elapsed_s=p.train_seconds,
+                       valid_loss=scores["loss"], valid_ppl=math.exp(min(scores["nll"], 50)),
+                       valid_bleu=scores.get("bleu"))
         plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
         score = scores.get("bleu", -scores["loss"])
         log.info("valid after update %d: loss %.3f ppl %.2f%s", p.step, scores["loss"],
