@@ -41,7 +41,6 @@ import math
 import os
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -225,11 +224,8 @@ def main() -> None:
                       MKL_NUM_THREADS=str(args.run_threads))
     bench.prepare_once(stability_config(work, data_bin, "pre", args), work)
 
-    if args.parallel:  # the runs are subprocesses: threads here only wait for them
-        with ThreadPoolExecutor(len(NORMS)) as pool:
-            results = list(pool.map(lambda norm: run_norm(work, data_bin, norm, args), NORMS))
-    else:
-        results = [run_norm(work, data_bin, norm, args) for norm in NORMS]
+    results = bench.run_each(lambda norm: run_norm(work, data_bin, norm, args), NORMS,
+                             args.parallel)
     floor = unigram_floor(data_bin, results[0]["config"]["train"]["label_smoothing"])
     for r in results:
         r["unigram_floor"] = round(floor, 4)
@@ -238,11 +234,7 @@ def main() -> None:
     plot(results, args.png.resolve(),
          f"{args.layers}-layer encoder, lr {args.lr:g} ({schedule(args)}): post- vs pre-norm",
          floor)
-    print("\n" + text + "\n")
-    (work / "deep-stability.md").write_text(text + "\n")
-    (work / "deep-stability.json").write_text(json.dumps(
-        [{k: v for k, v in r.items() if k != "config"} for r in results], indent=1))
-    print(f"wrote {work / 'deep-stability.md'}, {work / 'deep-stability.json'} and {args.png}")
+    bench.write_report(work, "deep-stability", text, results, args.png)
 
 
 if __name__ == "__main__":

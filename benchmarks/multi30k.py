@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -145,6 +146,25 @@ def prepare_once(cfg: dict, work: Path, label: str = "") -> None:
     cfg_path.write_text(yaml.safe_dump(cfg))
     print(f"{label}preparing data -> {data_bin}", flush=True)
     timed([sys.executable, "-m", "xinda.cli", "prepare", str(cfg_path)], work / "prepare.log")
+
+
+def run_each(run, items, parallel: bool) -> list:
+    """``run(item)`` for every item, all at once with ``parallel`` (each run is a subprocess:
+    the threads here only wait for them)."""
+    if not parallel:
+        return [run(item) for item in items]
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(run, items))
+
+
+def write_report(work: Path, name: str, text: str, results: list[dict], png: Path) -> None:
+    """Print a study's table and write it to WORKDIR/NAME.md, its results (configs left out) to
+    NAME.json."""
+    print("\n" + text + "\n")
+    (work / f"{name}.md").write_text(text + "\n")
+    (work / f"{name}.json").write_text(json.dumps(
+        [{k: v for k, v in r.items() if k != "config"} for r in results], indent=1))
+    print(f"wrote {work / name}.md, {work / name}.json and {png}")
 
 
 def main() -> None:

@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -223,23 +222,12 @@ def main() -> None:
     os.environ.update(OMP_NUM_THREADS=str(args.run_threads),
                       MKL_NUM_THREADS=str(args.run_threads))
     bench.prepare_once(arm_config(work, data_bin, args.layers, 0, args), work)
-
-    def run(arm: str) -> dict:
-        return run_arm(work, data_bin, arm, args)
-
-    if args.parallel:  # the arms are subprocesses: threads here only wait for them
-        with ThreadPoolExecutor(len(ARMS)) as pool:
-            results = list(pool.map(run, ARMS))
-    else:
-        results = [run(arm) for arm in ARMS]
+    results = bench.run_each(lambda arm: run_arm(work, data_bin, arm, args), ARMS,
+                             args.parallel)
     text = table(results, args)
     plot(results, args.png.resolve(), f"{args.layers}-layer encoder: progressive vs scratch, "
                                       f"{args.budget:g} s each")
-    print("\n" + text + "\n")
-    (work / "progressive.md").write_text(text + "\n")
-    (work / "progressive.json").write_text(json.dumps(
-        [{k: v for k, v in r.items() if k != "config"} for r in results], indent=1))
-    print(f"wrote {work / 'progressive.md'}, {work / 'progressive.json'} and {args.png}")
+    bench.write_report(work, "progressive", text, results, args.png)
 
 
 if __name__ == "__main__":
