@@ -60,6 +60,7 @@ from multi30k import (
     cached_result,
     experiment,
     markdown_table,
+    same_recipe,
     save_figure,
     timed,
     write_run_config,
@@ -130,9 +131,10 @@ def last_fifth_change(curve: list[list[float]]) -> float | None:
 
 
 def unfinished_run(run_dir: Path, cfg: dict) -> bool:
-    """Whether ``run_dir`` holds checkpoints of an interrupted run with this very config."""
+    """Whether ``run_dir`` holds checkpoints of an interrupted run with this very recipe (any
+    thread count)."""
     cfg_path = run_dir / "config.yaml"
-    return (cfg_path.exists() and yaml.safe_load(cfg_path.read_text()) == cfg
+    return (cfg_path.exists() and same_recipe(yaml.safe_load(cfg_path.read_text()), cfg)
             and bool(list_checkpoints(run_dir / "model", verify=False)))
 
 

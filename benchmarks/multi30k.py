@@ -70,10 +70,21 @@ def cached_result(result_path: Path, cfg: dict, label: str) -> dict | None:
     if not result_path.exists():
         return None
     result = json.loads(result_path.read_text())
-    if result.get("config") != cfg:
+    if not same_recipe(result.get("config"), cfg):
         print(f"{label} warning: {result_path.parent} was run with a different config; kept "
               "(delete the folder to redo it)", flush=True)
     return result
+
+
+def same_recipe(a: dict | None, b: dict | None) -> bool:
+    """Whether two run configs are equal but for train.threads, which changes a run's speed,
+    not what it trains."""
+    def recipe(cfg: dict | None) -> dict | None:
+        if cfg is None or "threads" not in cfg.get("train", {}):
+            return cfg
+        return {**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "threads"}}
+
+    return recipe(a) == recipe(b)
 
 
 def write_run_config(run_dir: Path, cfg: dict) -> Path:

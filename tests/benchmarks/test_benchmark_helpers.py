@@ -120,8 +120,22 @@ def test_fusion_study_resumes_only_an_interrupted_run_of_the_same_config(tmp_pat
     assert not fusion_study.unfinished_run(run, cfg)  # nothing trained yet
     save_checkpoint(run / "model", 98, torch.nn.Linear(2, 2), {"progress": {"step": 98}}, 5)
     assert fusion_study.unfinished_run(run, cfg)
+    assert fusion_study.unfinished_run(run, {**cfg, "train": {**cfg["train"], "threads": 1}})
     assert not fusion_study.unfinished_run(run, {**cfg, "train": {"max_steps": 3000,
                                                                   "seed": 1}})
+
+
+def test_a_finished_run_is_reused_quietly_at_another_thread_count_and_flagged_otherwise(
+        tmp_path, capsys):
+    cfg = {"train": {"max_steps": 6000, "threads": 2}, "model": {"preset": "transformer-small"}}
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"config": cfg, "bleu": 40.0}))
+    assert multi30k.cached_result(result, {**cfg, "train": {"max_steps": 6000, "threads": 1}},
+                                  "run")["bleu"] == 40.0
+    assert capsys.readouterr().out == ""
+    assert multi30k.cached_result(result, {**cfg, "train": {"max_steps": 3000, "threads": 2}},
+                                  "run")["bleu"] == 40.0
+    assert "different config" in capsys.readouterr().out
 
 
 def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatch, tmp_path):
