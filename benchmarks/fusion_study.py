@@ -138,8 +138,10 @@ def unfinished_run(run_dir: Path, cfg: dict) -> bool:
             and bool(list_checkpoints(run_dir / "model", verify=False)))
 
 
-def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: str) -> dict:
-    """Train, average the last checkpoints, translate the test set, score; cached."""
+def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: str,
+                    runs_at_once: int = 1) -> dict:
+    """Train, average the last checkpoints, translate the test set, score; cached.
+    ``runs_at_once``: how many runs share the machine meanwhile (it qualifies the tok/s)."""
     result_path = run_dir / "result.json"
     if (result := cached_result(result_path, cfg, label)) is not None:
         print(f"{label}: cached, BLEU {result.get('bleu')}", flush=True)
@@ -155,7 +157,7 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
                   run_dir / "train.log", append=resume)
     stats = json.loads((model_dir / "train_stats.json").read_text())
     result = {"params": stats["parameters"], "updates": stats["steps"],
-              "tok_per_s": round(stats["tgt_tok_per_s"], 1),
+              "tok_per_s": round(stats["tgt_tok_per_s"], 1), "runs_at_once": runs_at_once,
               "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg}
     if cfg["train"]["run_validation"]:
         timed([*xinda, "average", str(model_dir), "--last", str(AVERAGE_LAST)],
@@ -245,7 +247,7 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
         if restore_kept(run_dir, kept, hyp_name, work):
             print(f"[{pair}] {system} seed {seed}: restored from {kept[0]}", flush=True)
         result = train_and_score(pair, run_dir, cfg, args.threads,
-                                 f"[{pair}] {system} seed {seed}")
+                                 f"[{pair}] {system} seed {seed}", args.jobs)
         keep_finished(run_dir, kept, hyp_name, work)
         return result
 
@@ -274,6 +276,11 @@ def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float | None:
     return round(results["BLEU"][1].p_value, 4)
 
 
+def speed_setting(result: dict) -> str:
+    """How a run's tok/s was measured: "threads × runs at once" (1 run for older results)."""
+    return f"{result['config']['train']['threads']} × {result.get('runs_at_once', 1)}"
+
+
 def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dict]:
     rows = []
     for system, by_seed in runs.items():
@@ -289,6 +296,8 @@ def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[d
                 paired_p(pair, pair_dir / "baseline" / f"seed{s}", pair_dir / system / f"seed{s}")
                 for s in seeds],
             "tok_per_s": round(statistics.fmean(r["tok_per_s"] for r in by_seed.values())),
+            "tok_per_s_measured_with": " / ".join(dict.fromkeys(
+                speed_setting(r) for r in by_seed.values())),
             "best_valid_loss": round(statistics.fmean(r["best_valid_loss"]
                                                       for r in by_seed.values()), 3),
             "valid_loss_change_last_fifth": [r["valid_loss_change_last_fifth"]
@@ -299,13 +308,14 @@ def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[d
 
 def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
     buckets = list(rows[0]["bleu_by_length"]) if rows else []
-    header = ["system", "params", "BLEU (mean ± std)", "p vs baseline (per seed)", "tok/s",
+    header = ["system", "params", "BLEU (mean ± std)", "p vs baseline (per seed)",
+              "train tok/s (threads × runs at once)",
               "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f}",
              "–" if r["p_vs_baseline"] is None else
              " / ".join("n/a" if p is None else str(p) for p in r["p_vs_baseline"]),
-             r["tok_per_s"], r["best_valid_loss"],
+             f"{r['tok_per_s']} ({r['tok_per_s_measured_with']})", r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
              *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
     title = (f"### {pair}: {args.size}, {args.updates} updates, gate {args.gate}, seeds "

@@ -143,7 +143,7 @@ def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatc
     two training at the same time."""
     lock, active, peak = threading.Lock(), [0], [0]
 
-    def fake_train(pair, run_dir, cfg, threads, label):
+    def fake_train(pair, run_dir, cfg, threads, label, runs_at_once):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
@@ -251,3 +251,18 @@ def test_gpu_throughput_matmul_parameters_of_a_transformer(make_model):
                         "encoder_layers": 1, "decoder_layers": 1, "tie_output": False})
     enc, dec, out = gpu_throughput.matmul_parameters(model)
     assert (enc, dec, out) == (512, 768, model.vocab.tgt_size * 8)
+
+
+def test_fusion_study_table_says_how_each_systems_tok_per_s_was_measured(tmp_path):
+    """tok/s from runs at 2 threads alone and at 1 thread beside another run are not alike:
+    the row names both settings (an older result without runs_at_once ran alone)."""
+    def run(threads, tok, **extra):
+        return {"params": 10, "bleu": 30.0, "tok_per_s": tok, "best_valid_loss": 2.5,
+                "valid_loss_change_last_fifth": -0.01, "config": {"train": {"threads": threads}},
+                "bleu_by_length": [{"bucket": "1-10", "sentences": 5, "bleu": 30.0}], **extra}
+
+    runs = {"baseline": {1: run(2, 3000.0), 2: run(1, 2000.0, runs_at_once=2)}}
+    row, = fusion_study.summarise("de-en", tmp_path, runs, [1, 2])
+    assert row["tok_per_s"] == 2500 and row["tok_per_s_measured_with"] == "2 × 1 / 1 × 2"
+    args = SimpleNamespace(size="small", updates=10, gate="elementwise", seeds="1,2")
+    assert "| 2500 (2 × 1 / 1 × 2) |" in fusion_study.markdown("de-en", [row], args)
