@@ -187,6 +187,8 @@ def main() -> None:
     ap.add_argument("--pair", choices=sorted(PAIRS), default="en-de")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1, help="training seed (model initialisation, "
+                    "batch order, dropout); the data and its subword model stay the same")
     args = ap.parse_args()
     pair = PAIRS[args.pair]
     if not (SHARED / pair["corpus"]).is_dir():
@@ -197,6 +199,7 @@ def main() -> None:
     cfg_path = work / "config.yaml"
     cfg = experiment(pair, work, 0 if args.updates else args.budget, args.threads)
     cfg["train"]["max_steps"] = args.updates
+    cfg["train"]["seed"] = args.seed
     cfg_path.write_text(yaml.safe_dump(cfg))
     os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     xinda = [sys.executable, "-m", "xinda.cli"]
@@ -223,7 +226,7 @@ def main() -> None:
     bleu = sacrebleu.metrics.BLEU(**({"tokenize": pair["tokenize"]} if pair["tokenize"] else {}))
     chrf = sacrebleu.metrics.CHRF()
     result = {
-        "pair": args.pair, "budget_s": None if args.updates else args.budget,
+        "pair": args.pair, "seed": args.seed, "budget_s": None if args.updates else args.budget,
         "updates": stats["steps"], "train_seconds": round(stats["train_seconds"], 1),
         "train_tgt_tok_per_s": round(stats["tgt_tok_per_s"], 1),
         "train_peak_rss_mb": round(train["peak_rss_mb"]), "precision": stats["precision"],
