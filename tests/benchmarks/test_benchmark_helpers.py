@@ -23,6 +23,7 @@ import deep_stability
 import fusion_study
 import gpu_throughput
 import multi30k
+import progressive
 import train_memory
 
 
@@ -266,3 +267,29 @@ def test_fusion_study_table_says_how_each_systems_tok_per_s_was_measured(tmp_pat
     assert row["tok_per_s"] == 2500 and row["tok_per_s_measured_with"] == "2 × 1 / 1 × 2"
     args = SimpleNamespace(size="small", updates=10, gate="elementwise", seeds="1,2")
     assert "| 2500 (2 × 1 / 1 × 2) |" in fusion_study.markdown("de-en", [row], args)
+
+
+def test_progressive_times_both_arms_to_the_scratch_arms_best_loss_and_flags_an_early_growth():
+    """"to scratch's best" is the first validation at or below the scratch arm's best loss;
+    an arm that never gets there says so; a growth inside the warm-up is flagged."""
+    def arm(name, curve, grown_at=None):
+        return {"arm": name, "params": 10, "updates": curve[-1][1], "grown_at_update": grown_at,
+                "final_valid_loss": curve[-1][2], "best_valid_loss": min(c[2] for c in curve),
+                "bleu": 30.0, "valid_curve": curve,
+                "config": {"train": {"model": {"d_model": 128}, "train": {"max_tokens": 4096}}}}
+
+    scratch = arm("scratch", [[100.0, 50, 5.0], [200.0, 100, 4.0], [300.0, 150, 4.1]])
+    grown = arm("progressive", [[90.0, 60, 4.5], [180.0, 120, 3.9], [270.0, 180, 3.8]], 80)
+    assert progressive.seconds_to(scratch["valid_curve"], 4.0) == 200.0
+    assert progressive.seconds_to(grown["valid_curve"], 4.0) == 180.0
+    assert progressive.seconds_to(grown["valid_curve"], 3.0) is None
+    args = SimpleNamespace(layers=12, budget=300.0, parallel=True, run_threads=1, pair="de-en",
+                           lr=1e-3, warmup=100, seed=1, shallow_share=0.5, beam=5)
+    text = progressive.table([scratch, grown], args)
+    assert "| scratch | 10 | 150 | - | 4.100 | 4.000 | 200 | 30.00 |" in text
+    assert "| progressive | 10 | 180 | 80 | 3.800 | 3.800 | 180 | 30.00 |" in text
+    assert "inside the warm-up (100)" in text
+    assert "inside the warm-up" not in progressive.table([scratch, {**grown,
+                                                          "grown_at_update": 120}], args)
+    slow = arm("progressive", [[90.0, 60, 4.5], [180.0, 120, 4.2]], 120)
+    assert "| not reached |" in progressive.table([scratch, slow], args)
