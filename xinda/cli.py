@@ -302,7 +302,8 @@ def demo(
     workdir: Annotated[Path | None, typer.Option(
         help="where data and model go (default: the demo config's)")] = None,
     seconds: Annotated[float | None, typer.Option(
-        help="training budget in seconds (default: the demo config's)")] = None,
+        help="training time cap in seconds (default: the demo config's; training also stops "
+             "at its train.max_steps)")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Generate a number-words -> digits task, train a small Transformer, translate and score."""

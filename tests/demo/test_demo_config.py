@@ -20,7 +20,7 @@ def test_the_recipe_is_the_demo_config_itself():
 def test_default_paths_are_the_files_the_demo_writes():
     cfg = demo_config()
     assert cfg.data.train == "xinda-demo/raw/train" and cfg.train.out_dir == "xinda-demo/model"
-    assert cfg.train.max_seconds == 120
+    assert cfg.train.max_steps == 800 and cfg.train.max_seconds == 900
 
 
 def test_workdir_moves_every_path_and_seconds_replace_the_budget(tmp_path):

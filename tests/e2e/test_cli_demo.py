@@ -1,5 +1,6 @@
-"""``xinda demo`` end to end, with a fixed number of updates instead of its time budget so the
-result does not depend on the machine's speed: the model must really learn the task."""
+"""``xinda demo`` end to end, with fewer updates than its default 800 and no time cap, so it is
+quick and its result does not depend on the machine's speed: the model must really learn the
+task."""
 
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 English number words -> digits ("four hundred twenty-one thousand seven" -> "421007"):
 generate the corpus, prepare it (sentencepiece on the words, characters on the digits),
-train ``transformer-tiny`` for a fixed wall-clock budget, translate the held-out test set
-with beam search and print examples, BLEU (character level) and exact match. Every setting is
-in ``numbers.yaml`` beside this file (also ``recipes/demo-numbers.yaml``).
+train ``transformer-tiny`` for a fixed number of updates (with a time cap for slow machines),
+translate the held-out test set with beam search and print examples, BLEU (character level)
+and exact match. Every setting is in ``numbers.yaml`` beside this file (also
+``recipes/demo-numbers.yaml``).
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ def run_demo(workdir: Path | None = None, seconds: float | None = None,
     write_demo_corpus(raw)
     print(f"1/3 prepare: {DEMO_SPLITS['train']} generated pairs of number words -> digits")
     prepare(cfg.data)
-    limits = [f"{cfg.train.max_seconds:g} s" if cfg.train.max_seconds else "",
-              f"{cfg.train.max_steps} updates" if cfg.train.max_steps else ""]
+    limits = [x for x in (f"{cfg.train.max_steps} updates" if cfg.train.max_steps else "",
+                          f"{cfg.train.max_seconds:g} s" if cfg.train.max_seconds else "") if x]
     print(f"2/3 train {cfg.model.get('preset', cfg.model.get('arch'))} for "
-          f"{' or '.join(x for x in limits if x) or f'{cfg.train.max_epochs} epochs'}")
+          f"{' or '.join(limits) or f'{cfg.train.max_epochs} epochs'}"
+          f"{', whichever comes first' if len(limits) > 1 else ''}")
     progress = Trainer(cfg).train()
     print(f"    {progress.step} updates, {progress.tgt_tokens / progress.train_seconds:.0f} "
           f"target tokens/s")
