@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import re
 import shutil
 import statistics
@@ -49,6 +48,7 @@ from multi30k import (
     experiment,
     markdown_table,
     prepare_once,
+    set_threads,
     timed,
     write_run_config,
 )
@@ -239,7 +239,7 @@ def main() -> None:
                  f"systems {', '.join(SYSTEMS)}")
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    set_threads(args.threads)
 
     report = {"budget_s": args.budget, "systems": {s: SYSTEMS[s] for s in systems},
               "seeds": seeds, "overrides": args.overrides, "pairs": {}}

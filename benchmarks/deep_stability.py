@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -220,8 +219,7 @@ def main() -> None:
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     data_bin = (args.data_bin or work / "data-bin").resolve()
-    os.environ.update(OMP_NUM_THREADS=str(args.run_threads),
-                      MKL_NUM_THREADS=str(args.run_threads))
+    bench.set_threads(args.run_threads, 2 if args.parallel else 1)
     bench.prepare_once(stability_config(work, data_bin, "pre", args), work)
 
     results = bench.run_each(lambda norm: run_norm(work, data_bin, norm, args), NORMS,

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -62,6 +61,7 @@ from multi30k import (
     markdown_table,
     same_recipe,
     save_figure,
+    set_threads,
     timed,
     write_run_config,
 )
@@ -391,7 +391,7 @@ def main() -> None:
         ap.error("--jobs and --threads must be at least 1")
     if "baseline" not in systems:
         systems.insert(0, "baseline")  # the paired tests need it
-    os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    set_threads(args.threads, args.jobs)
     work = args.workdir.resolve()
     report, tables = {"args": {k: str(v) for k, v in vars(args).items()}, "pairs": {}}, []
     for pair in pairs:

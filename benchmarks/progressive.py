@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -219,8 +218,7 @@ def main() -> None:
         return
     work = args.workdir.resolve()
     data_bin = (args.data_bin or work / "data-bin").resolve()
-    os.environ.update(OMP_NUM_THREADS=str(args.run_threads),
-                      MKL_NUM_THREADS=str(args.run_threads))
+    bench.set_threads(args.run_threads, 2 if args.parallel else 1)
     bench.prepare_once(arm_config(work, data_bin, args.layers, 0, args), work)
     results = bench.run_each(lambda arm: run_arm(work, data_bin, arm, args), ARMS,
                              args.parallel)

@@ -26,6 +26,26 @@ def cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def oversubscription_warning(processes: int, threads: int, cores: int) -> str | None:
+    """A warning when ``processes`` x ``threads`` exceed ``cores``, else None. PyTorch's OpenMP
+    threads spin while they wait for work, so the surplus threads take cores from working
+    ones: two 2-thread training jobs on 2 cores ran at 0.52x of one job's tokens/s in all,
+    against 1.17x with a thread each (``benchmarks/cpu_sharing.py``)."""
+    if processes * threads <= cores:
+        return None
+    fair = max(cores // processes, 1)
+    return (f"{processes} process(es) x {threads} threads > {cores} CPU cores: threads that "
+            f"wait for a core slow every process down; set train.threads={fair} or "
+            "OMP_WAIT_POLICY=PASSIVE")
+
+
 def pick_precision(name: str, device: torch.device) -> str:
     """Resolve "auto": bf16 on GPUs and CPUs that support it, fp32 otherwise."""
     if name != "auto":

@@ -293,3 +293,20 @@ def test_progressive_times_both_arms_to_the_scratch_arms_best_loss_and_flags_an_
                                                           "grown_at_update": 120}], args)
     slow = arm("progressive", [[90.0, 60, 4.5], [180.0, 120, 4.2]], 120)
     assert "| not reached |" in progressive.table([scratch, slow], args)
+
+
+def test_runs_that_crowd_the_cores_wait_passively_unless_the_environment_says_otherwise(
+        monkeypatch):
+    monkeypatch.setattr(multi30k.os, "cpu_count", lambda: 2)
+    for name in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "")  # recorded, so that teardown restores what was there
+        monkeypatch.delenv(name)
+    multi30k.set_threads(1, 2)  # 2 runs x 1 thread on 2 cores: OpenMP's default
+    assert (multi30k.os.environ["OMP_NUM_THREADS"], multi30k.os.environ["MKL_NUM_THREADS"]) \
+        == ("1", "1")
+    assert "OMP_WAIT_POLICY" not in multi30k.os.environ
+    multi30k.set_threads(2, 2)
+    assert multi30k.os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    multi30k.set_threads(2, 2)
+    assert multi30k.os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from xinda.device import oversubscription_warning
 from xinda.errors import XindaError
+from xinda.train import distributed
 from xinda.train.distributed import Ranks, lost_contact
 
 
@@ -88,3 +90,35 @@ def test_lost_contact_names_the_rank_only_inside_a_process_group():
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("processes", "threads", "cores", "fair"),
+                         [(2, 2, 2, 1), (4, 1, 2, 1), (1, 8, 4, 4), (3, 4, 8, 2)])
+def test_more_threads_than_cores_is_named_with_a_fair_share(processes, threads, cores, fair):
+    warning = oversubscription_warning(processes, threads, cores)
+    assert f"{processes} process(es) x {threads} threads > {cores} CPU cores" in warning
+    assert f"train.threads={fair}" in warning
+
+
+@pytest.mark.parametrize(("processes", "threads", "cores"), [(1, 2, 2), (2, 1, 2), (4, 4, 16)])
+def test_threads_within_the_cores_give_no_warning(processes, threads, cores):
+    assert oversubscription_warning(processes, threads, cores) is None
+
+
+def test_ranks_warn_when_this_machine_s_ranks_crowd_its_cores(monkeypatch, caplog):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(distributed, "cpu_cores", lambda: 2)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        with caplog.at_level("WARNING", logger="xinda"):
+            Ranks.from_env("cpu", 30)
+        assert not caplog.records  # 2 ranks x 1 thread on 2 cores
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+        with caplog.at_level("WARNING", logger="xinda"):
+            Ranks.from_env("cpu", 30)
+        assert "4 process(es) x 1 threads > 2 CPU cores" in caplog.text
+    finally:
+        torch.set_num_threads(threads)

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from xinda.device import pick_device
+from xinda.device import cpu_cores, oversubscription_warning, pick_device
 from xinda.errors import XindaError
 
 log = logging.getLogger("xinda")
@@ -74,12 +74,15 @@ class Ranks:
 
     @classmethod
     def from_env(cls, device: str, timeout: float) -> Ranks:
-        """Join torchrun's process group when ``WORLD_SIZE`` > 1, else one plain process."""
+        """Join torchrun's process group when ``WORLD_SIZE`` > 1, else one plain process (on
+        CPU, with a warning when this machine's ranks x threads exceed its cores)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
-            return cls(device=pick_device(device))
-        rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         where = pick_device(device)
+        if where.type == "cpu" and int(os.environ.get("RANK", "0")) == 0:
+            warn_if_crowded(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun sets it
+        if world <= 1:
+            return cls(device=where)
+        rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         if where.type == "cuda":
             where = torch.device("cuda", local)
             torch.cuda.set_device(where)
@@ -209,3 +212,11 @@ def lost_contact(rank: int) -> Iterator[None]:
 
 
 _COLLECTIVE_FAILED = re.compile(r"gloo|nccl|connection|timed out|timeout", re.IGNORECASE)
+
+
+def warn_if_crowded(local_ranks: int) -> None:
+    """Log a warning when this machine's ``local_ranks`` processes x this process's torch
+    threads exceed its CPU cores."""
+    crowded = oversubscription_warning(local_ranks, torch.get_num_threads(), cpu_cores())
+    if crowded:
+        log.warning(crowded)
