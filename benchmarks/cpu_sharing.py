@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=15)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "cpu-sharing")
     args = ap.parse_args()
+    if min(args.threads, args.repeats, args.updates) < 1:
+        ap.error("--threads, --repeats and --updates must be at least 1")
     runs: dict[str, list[list[int]]] = {name: [] for name in settings(args.threads)}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
