@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from xinda.device import cpu_cores, oversubscription_warning
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("XINDA_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
@@ -71,7 +73,7 @@ def set_threads(threads: int, jobs: int = 1) -> None:
     (OMP_WAIT_POLICY=PASSIVE) instead of spinning on the cores the others need: 2.2x the total
     tokens/s of OpenMP's default for two 2-thread runs on 2 cores (benchmarks/cpu_sharing.py)."""
     os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    if jobs * threads > (os.cpu_count() or 1):
+    if oversubscription_warning(jobs, threads, cpu_cores()):
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

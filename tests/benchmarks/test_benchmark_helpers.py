@@ -297,7 +297,7 @@ def test_progressive_times_both_arms_to_the_scratch_arms_best_loss_and_flags_an_
 
 def test_runs_that_crowd_the_cores_wait_passively_unless_the_environment_says_otherwise(
         monkeypatch):
-    monkeypatch.setattr(multi30k.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(multi30k, "cpu_cores", lambda: 2)
     for name in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.setenv(name, "")  # recorded, so that teardown restores what was there
         monkeypatch.delenv(name)
