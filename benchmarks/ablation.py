@@ -151,8 +151,15 @@ def run_one(pair_name: str, pair_dir: Path, system: str, seed: int, budget: floa
     return result
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation, rounded to 0.01; no deviation (None) from one value."""
+    std = round(statistics.stdev(values), 2) if len(values) > 1 else None
+    return round(statistics.fmean(values), 2), std
+
+
+def bleu_cell(mean: float, std: float | None) -> str:
+    """"mean ± std", or "mean (one seed)" where there is no deviation to show."""
+    return f"{mean:.2f} (one seed)" if std is None else f"{mean:.2f} ± {std:.2f}"
 
 
 def common_update(runs: list[dict]) -> int | None:
@@ -178,8 +185,7 @@ def summarise(runs: list[dict], systems: list[str]) -> list[dict]:
                 sentences[b["bucket"]] = b["sentences"]
         rows.append({
             "system": system, "seeds": sorted(r["seed"] for r in mine),
-            "params": mine[0]["params"], "bleu_mean": round(bleu_mean, 2),
-            "bleu_std": round(bleu_std, 2),
+            "params": mine[0]["params"], "bleu_mean": bleu_mean, "bleu_std": bleu_std,
             "updates_mean": round(statistics.fmean(r["updates"] for r in mine)),
             "tok_per_s_mean": round(statistics.fmean(r["tok_per_s"] for r in mine)),
             "bleu_by_length": {k: round(statistics.fmean(v), 2) for k, v in buckets.items()},
@@ -216,7 +222,7 @@ def markdown(pair_name: str, rows: list[dict], budget: float) -> str:
     header = ["system", "params", "seeds", "BLEU (mean ± std)", "updates", "tok/s",
               f"loss @ {at} upd.", *(f"BLEU {b} ({sentences[b]} sent.)" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", len(r["seeds"]),
-             f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f}", r["updates_mean"],
+             bleu_cell(r["bleu_mean"], r["bleu_std"]), r["updates_mean"],
              r["tok_per_s_mean"], _loss(r["loss_at"]),
              *(f"{r['bleu_by_length'][b]:.2f}" if b in r["bleu_by_length"] else "–"
                for b in buckets)] for r in rows]

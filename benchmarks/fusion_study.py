@@ -53,7 +53,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation import mean_std, prepare_pair, raw_file
+from ablation import bleu_cell, mean_std, prepare_pair, raw_file
 from multi30k import (
     PAIRS,
     ROOT,
@@ -293,7 +293,7 @@ def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[d
                 buckets.setdefault(f"{b['bucket']} ({b['sentences']})", []).append(b["bleu"])
         rows.append({
             "system": system, "params": next(iter(by_seed.values()))["params"],
-            "bleu_mean": round(bleu_mean, 2), "bleu_std": round(bleu_std, 2),
+            "bleu_mean": bleu_mean, "bleu_std": bleu_std,
             "p_vs_baseline": None if system == "baseline" else [
                 paired_p(pair, pair_dir / "baseline" / f"seed{s}", pair_dir / system / f"seed{s}")
                 for s in seeds],
@@ -314,7 +314,7 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
               "train tok/s (threads × runs at once)",
               "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
-    body = [[r["system"], f"{r['params']:,}", f"{r['bleu_mean']:.2f} ± {r['bleu_std']:.2f}",
+    body = [[r["system"], f"{r['params']:,}", bleu_cell(r["bleu_mean"], r["bleu_std"]),
              "–" if r["p_vs_baseline"] is None else
              " / ".join("n/a" if p is None else str(p) for p in r["p_vs_baseline"]),
              f"{r['tok_per_s']} ({r['tok_per_s_measured_with']})", r["best_valid_loss"],

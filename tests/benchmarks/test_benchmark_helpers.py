@@ -71,7 +71,12 @@ def test_ablation_compares_losses_at_the_latest_update_every_run_reached():
     assert rows["a"]["loss_at"] == pytest.approx(5.1)
     assert rows["b"]["loss_at"] == pytest.approx(4.0)
     assert (rows["a"]["bleu_mean"], rows["a"]["bleu_std"]) == (21.0, 1.41)  # rounded to 0.01
-    assert rows["b"]["bleu_std"] == 0.0  # one seed
+    assert rows["b"]["bleu_std"] is None  # one seed: no deviation, not a zero one
+
+
+def test_bleu_cell_shows_a_deviation_only_where_there_are_seeds_to_deviate():
+    assert ablation.bleu_cell(*ablation.mean_std([40.0, 41.0, 42.5])) == "41.17 ± 1.26"
+    assert ablation.bleu_cell(*ablation.mean_std([40.39])) == "40.39 (one seed)"
 
 
 def test_ablation_without_logged_losses_has_no_common_update():
