@@ -40,6 +40,7 @@ def test_grow_writes_a_self_contained_directory(grown):
     shallow, deep, proc = grown
     assert str(deep) in proc.stdout and "--resume" in proc.stdout
     assert "noam_reset" in proc.stderr
+    assert f"update {SHALLOW_STEPS}, inside the warm-up (20 updates)" in proc.stderr
     cfg = yaml.safe_load((deep / "config.yaml").read_text(encoding="utf-8"))
     old = yaml.safe_load((shallow / "config.yaml").read_text(encoding="utf-8"))
     assert cfg["model"]["arch"] == "transformer" and cfg["model"]["encoder_layers"] == 2

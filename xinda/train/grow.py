@@ -100,6 +100,10 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
              old_cfg.encoder_layers, layers, progress.step, f"{old.num_parameters():,}",
              f"{new.num_parameters():,}")
     tc = cfg.train
+    if progress.step < tc.warmup_steps:
+        log.warning("the growth comes at update %d, inside the warm-up (%d updates): the "
+                    "learning rate restarts at its peak, skipping the rest of the warm-up",
+                    progress.step, tc.warmup_steps)
     if tc.max_steps and tc.max_steps <= progress.step:
         log.warning("train.max_steps %d is already reached: resume with --set "
                     "train.max_steps=N (N > %d)", tc.max_steps, progress.step)
