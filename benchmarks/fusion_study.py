@@ -24,7 +24,8 @@ is scored on their average. The baseline's validation loss over the last fifth o
 says whether it has plateaued: compare ``valid_loss_change_last_fifth`` across update counts.
 
 Per pair: BLEU mean +- std over seeds, the paired bootstrap test of each seed's output against the
-baseline with the same seed (sacrebleu, 1000 samples; p per seed), BLEU by source-length bucket,
+baseline with the same seed (sacrebleu, 1000 samples; p per seed) and, for the paper's claims
+between two fusion systems (``COMPARISONS``), against the other system, BLEU by source-length bucket,
 parameters, tokens/s and the validation curves (drawn in WORKDIR/fusion_study-PAIR-valid.png).
 ``--gate-throughput`` instead trains sub-layer fusion with each gate form (elementwise, matrix,
 scalar) and the baseline for ``--updates`` updates and reports parameters and tokens/s.
@@ -87,6 +88,10 @@ SYSTEMS = {
     "sublayer-no-residual": {**FUSION, "fusion": "sublayer", "residual": False},
     "decoder-sublayer": {**FUSION, "fusion": "sublayer", "fusion_side": "decoder"},
 }
+# The paper's claims between two fusion systems (those against the baseline are the main table's
+# "p vs baseline"): (system, reference, the claim that system > reference).
+COMPARISONS = (("sublayer", "layer", "sub-layer fusion beats layer fusion"),
+               ("sublayer", "sublayer-linear", "the arithmetic mean beats linear fusion"))
 GATES = ("elementwise", "matrix", "scalar")
 EDGES = (10, 20, 30, 50)  # source-length buckets; the paper's long-sentence claim is > 50 words
 AVERAGE_LAST = 5
@@ -308,7 +313,32 @@ def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[d
     return rows
 
 
-def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
+def compare(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dict]:
+    """Each of the paper's ``COMPARISONS`` whose two systems both ran: the mean BLEU difference
+    (system - reference) and, per seed, the paired bootstrap p of system against reference."""
+    found = []
+    for system, reference, claim in COMPARISONS:
+        if system not in runs or reference not in runs:
+            continue
+        both = [s for s in seeds if s in runs[system] and s in runs[reference]]
+        delta = statistics.fmean(runs[system][s]["bleu"] - runs[reference][s]["bleu"]
+                                 for s in both)
+        found.append({"claim": claim, "system": system, "reference": reference,
+                      "bleu_difference": round(delta, 2), "seeds": both,
+                      "p": [paired_p(pair, pair_dir / reference / f"seed{s}",
+                                     pair_dir / system / f"seed{s}") for s in both]})
+    return found
+
+
+def comparisons_markdown(found: list[dict]) -> list[str]:
+    body = [[c["claim"], f"{c['system']} − {c['reference']}", f"{c['bleu_difference']:+.2f}",
+             " / ".join("n/a" if p is None else str(p) for p in c["p"])] for c in found]
+    header = ["the paper's claim", "BLEU difference", "mean", "p (per seed)"]
+    return ["", "Between fusion systems:", "", *markdown_table(header, body)] if found else []
+
+
+def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
+             found: list[dict] = ()) -> str:
     buckets = list(rows[0]["bleu_by_length"]) if rows else []
     header = ["system", "params", "BLEU (mean ± std)", "p vs baseline (per seed)",
               "train tok/s (threads × runs at once)",
@@ -322,7 +352,7 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace) -> str:
              *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
     title = (f"### {pair}: {args.size}, {args.updates} updates, gate {args.gate}, seeds "
              f"{args.seeds}; BLEU by source length in {PAIRS[pair]['unit']} (sentences)")
-    return "\n".join([title, "", *markdown_table(header, body)])
+    return "\n".join([title, "", *markdown_table(header, body), *comparisons_markdown(found)])
 
 
 def plot_valid_curves(runs: dict, png: Path, title: str) -> None:
@@ -408,10 +438,11 @@ def main() -> None:
             continue
         runs = run_all(pair, pair_dir, systems, seeds, args)
         rows = summarise(pair, pair_dir, runs, seeds)
-        report["pairs"][pair] = {"summary": rows, "runs": {
+        found = compare(pair, pair_dir, runs, seeds)
+        report["pairs"][pair] = {"summary": rows, "comparisons": found, "runs": {
             s: {seed: {k: v for k, v in r.items() if k != "config"} for seed, r in by.items()}
             for s, by in runs.items()}}
-        tables.append(markdown(pair, rows, args))
+        tables.append(markdown(pair, rows, args, found))
         print("\n" + tables[-1] + "\n", flush=True)
         plot_valid_curves(runs, work / f"fusion_study-{pair}-valid.png",
                           f"{pair}, {args.size}, {args.updates} updates, seeds {args.seeds}")

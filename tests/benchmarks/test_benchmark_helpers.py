@@ -315,3 +315,19 @@ def test_runs_that_crowd_the_cores_wait_passively_unless_the_environment_says_ot
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     multi30k.set_threads(2, 2)
     assert multi30k.os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_fusion_study_compares_the_papers_system_pairs_on_the_seeds_both_ran(monkeypatch, tmp_path):
+    tested = []
+    monkeypatch.setattr(fusion_study, "paired_p",
+                        lambda pair, ref, system: tested.append((ref.parts[-2:], system.parts[-2:]))
+                        or 0.5)
+    runs = {"baseline": {1: {"bleu": 30.0}},
+            "sublayer": {1: {"bleu": 31.0}, 2: {"bleu": 32.0}},
+            "sublayer-linear": {1: {"bleu": 30.5}, 2: {"bleu": 30.0}, 3: {"bleu": 29.0}}}
+    [found] = fusion_study.compare("de-en", tmp_path, runs, [1, 2, 3])  # no "layer": one claim
+    assert (found["system"], found["reference"]) == ("sublayer", "sublayer-linear")
+    assert found["seeds"] == [1, 2] and found["bleu_difference"] == pytest.approx(1.25)
+    assert tested == [(("sublayer-linear", "seed1"), ("sublayer", "seed1")),
+                      (("sublayer-linear", "seed2"), ("sublayer", "seed2"))]
+    assert "| +1.25 | 0.5 / 0.5 |" in "\n".join(fusion_study.comparisons_markdown([found]))
