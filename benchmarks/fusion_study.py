@@ -330,9 +330,14 @@ def compare(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dic
     return found
 
 
+def p_cell(ps: list[float | None]) -> str:
+    """Per-seed p values, "n/a" where a test could not run."""
+    return " / ".join("n/a" if p is None else str(p) for p in ps)
+
+
 def comparisons_markdown(found: list[dict]) -> list[str]:
     body = [[c["claim"], f"{c['system']} − {c['reference']}", f"{c['bleu_difference']:+.2f}",
-             " / ".join("n/a" if p is None else str(p) for p in c["p"])] for c in found]
+             p_cell(c["p"])] for c in found]
     header = ["the paper's claim", "BLEU difference", "mean", "p (per seed)"]
     return ["", "Between fusion systems:", "", *markdown_table(header, body)] if found else []
 
@@ -345,8 +350,7 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
               "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", bleu_cell(r["bleu_mean"], r["bleu_std"]),
-             "–" if r["p_vs_baseline"] is None else
-             " / ".join("n/a" if p is None else str(p) for p in r["p_vs_baseline"]),
+             "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"]),
              f"{r['tok_per_s']} ({r['tok_per_s_measured_with']})", r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
              *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
