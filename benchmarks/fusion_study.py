@@ -5,6 +5,7 @@ bootstrap test against the baseline.
     python benchmarks/fusion_study.py [--pairs de-en] [--seeds 1,2,3] [--updates 6000]
         [--size small|base] [--gate elementwise] [--systems baseline,...]
         [--workdir runs/fusion-study] [--threads 2] [--jobs 1] [--set section.key=value ...]
+        [--report-only]
     python benchmarks/fusion_study.py --gate-throughput [--updates 60] [--size small]
 
 Systems (every fusion on encoder and decoder unless named otherwise):
@@ -35,7 +36,9 @@ folder does not name its update count: give a study with another ``--updates`` i
 ``--workdir``. Every finished run is also kept, without its checkpoints, in
 ``--keep``/PAIR-SIZE-UPDATES/SYSTEM-seedN.{json,hyp} (its result and test translations, paths
 made portable); a fresh checkout or machine restores runs from there instead of training them
-again. Commit that folder to carry a CPU study over several sessions. On a CPU, two runs at
+again. Commit that folder to carry a CPU study over several sessions. ``--report-only`` writes
+the tables from the finished and kept runs alone, while others are still training: each system
+over the seeds it has (the "seeds" column). On a CPU, two runs at
 once with a thread each (``--jobs 2 --threads 1`` on 2 cores) train 17 % more tokens/s in all
 than one 2-thread run at a time (``benchmarks/cpu_sharing.py``).
 """
@@ -244,17 +247,21 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
             args: argparse.Namespace) -> dict[str, dict[int, dict]]:
     """Every (system, seed) run of a pair, ``args.jobs`` at a time (several runs share one GPU
     well), started seed-major: a slow spell of the machine hits every system alike. Runs kept
-    in ``args.keep`` are restored instead of trained; finished runs are kept there."""
+    in ``args.keep`` are restored instead of trained; finished runs are kept there. With
+    ``args.report_only`` nothing is trained: unfinished runs are left out (a system without a
+    finished run too)."""
     work, hyp_name = args.workdir.resolve(), f"{PAIRS[pair]['test']}.hyp"
 
-    def one(system: str, seed: int) -> dict:
-        run_dir = pair_dir / system / f"seed{seed}"
+    def one(system: str, seed: int) -> dict | None:
+        run_dir, label = pair_dir / system / f"seed{seed}", f"[{pair}] {system} seed {seed}"
         cfg = run_config(pair, run_dir, pair_dir, SYSTEMS[system], seed, args)
         kept = kept_files(args.keep, pair, system, seed, args)
         if restore_kept(run_dir, kept, hyp_name, work):
-            print(f"[{pair}] {system} seed {seed}: restored from {kept[0]}", flush=True)
-        result = train_and_score(pair, run_dir, cfg, args.threads,
-                                 f"[{pair}] {system} seed {seed}", args.jobs)
+            print(f"{label}: restored from {kept[0]}", flush=True)
+        if args.report_only and not (run_dir / "result.json").exists():
+            print(f"{label}: not finished, left out of the report", flush=True)
+            return None
+        result = train_and_score(pair, run_dir, cfg, args.threads, label, args.jobs)
         keep_finished(run_dir, kept, hyp_name, work)
         return result
 
@@ -263,8 +270,9 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
                    for seed in seeds for system in systems}
         runs: dict[str, dict[int, dict]] = {s: {} for s in systems}
         for (system, seed), future in started.items():
-            runs[system][seed] = future.result()
-    return runs
+            if (result := future.result()) is not None:
+                runs[system][seed] = result
+    return {system: by_seed for system, by_seed in runs.items() if by_seed}
 
 
 def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float | None:
@@ -288,7 +296,9 @@ def speed_setting(result: dict) -> str:
     return f"{result['config']['train']['threads']} × {result.get('runs_at_once', 1)}"
 
 
-def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dict]:
+def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
+    """One row per system over the seeds it ran; its p values are per seed, against the
+    baseline's run with the same seed."""
     rows = []
     for system, by_seed in runs.items():
         bleu_mean, bleu_std = mean_std([r["bleu"] for r in by_seed.values()])
@@ -298,10 +308,10 @@ def summarise(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[d
                 buckets.setdefault(f"{b['bucket']} ({b['sentences']})", []).append(b["bleu"])
         rows.append({
             "system": system, "params": next(iter(by_seed.values()))["params"],
-            "bleu_mean": bleu_mean, "bleu_std": bleu_std,
+            "seeds": sorted(by_seed), "bleu_mean": bleu_mean, "bleu_std": bleu_std,
             "p_vs_baseline": None if system == "baseline" else [
                 paired_p(pair, pair_dir / "baseline" / f"seed{s}", pair_dir / system / f"seed{s}")
-                for s in seeds],
+                for s in sorted(by_seed)],
             "tok_per_s": round(statistics.fmean(r["tok_per_s"] for r in by_seed.values())),
             "tok_per_s_measured_with": " / ".join(dict.fromkeys(
                 speed_setting(r) for r in by_seed.values())),
@@ -321,6 +331,8 @@ def compare(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dic
         if system not in runs or reference not in runs:
             continue
         both = [s for s in seeds if s in runs[system] and s in runs[reference]]
+        if not both:
+            continue
         delta = statistics.fmean(runs[system][s]["bleu"] - runs[reference][s]["bleu"]
                                  for s in both)
         found.append({"claim": claim, "system": system, "reference": reference,
@@ -345,11 +357,12 @@ def comparisons_markdown(found: list[dict]) -> list[str]:
 def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              found: list[dict] = ()) -> str:
     buckets = list(rows[0]["bleu_by_length"]) if rows else []
-    header = ["system", "params", "BLEU (mean ± std)", "p vs baseline (per seed)",
+    header = ["system", "params", "seeds", "BLEU (mean ± std)", "p vs baseline (per seed)",
               "train tok/s (threads × runs at once)",
               "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
-    body = [[r["system"], f"{r['params']:,}", bleu_cell(r["bleu_mean"], r["bleu_std"]),
+    body = [[r["system"], f"{r['params']:,}", ", ".join(map(str, r.get("seeds", []))),
+             bleu_cell(r["bleu_mean"], r["bleu_std"]),
              "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"]),
              f"{r['tok_per_s']} ({r['tok_per_s_measured_with']})", r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
@@ -415,6 +428,8 @@ def main() -> None:
                     help="where finished runs' results and translations are kept and restored")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of each run")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (on a GPU: several)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: report the finished (or kept) runs, leave out the rest")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     metavar="SECTION.KEY=VALUE", help="override every run's recipe")
     args = ap.parse_args()
@@ -441,7 +456,7 @@ def main() -> None:
             tables.append(gate_markdown(pair, report["pairs"][pair]["gates"], args))
             continue
         runs = run_all(pair, pair_dir, systems, seeds, args)
-        rows = summarise(pair, pair_dir, runs, seeds)
+        rows = summarise(pair, pair_dir, runs)
         found = compare(pair, pair_dir, runs, seeds)
         report["pairs"][pair] = {"summary": rows, "comparisons": found, "runs": {
             s: {seed: {k: v for k, v in r.items() if k != "config"} for seed, r in by.items()}

@@ -160,7 +160,8 @@ def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatc
 
     monkeypatch.setattr(fusion_study, "train_and_score", fake_train)
     args = argparse.Namespace(threads=1, size="small", updates=10, gate="elementwise",
-                              overrides=[], jobs=2, workdir=tmp_path, keep=tmp_path / "kept")
+                              overrides=[], jobs=2, workdir=tmp_path, keep=tmp_path / "kept",
+                              report_only=False)
     monkeypatch.setattr(fusion_study, "keep_finished", lambda *a: None)
     runs = fusion_study.run_all("de-en", tmp_path / "pair", ["baseline", "layer", "sublayer"],
                                 [1, 2], args)
@@ -168,6 +169,40 @@ def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatc
     assert {(s, seed): r for s, by in runs.items() for seed, r in by.items()} == {
         (s, seed): {"seed": seed, "system": s}
         for s in ("baseline", "layer", "sublayer") for seed in (1, 2)}
+
+
+def test_fusion_study_report_only_trains_nothing_and_leaves_unfinished_runs_out(
+        monkeypatch, tmp_path):
+    """--report-only: finished runs (here baseline seeds 1-2 and a kept layer seed 1) make the
+    tables, each system over its own seeds with per-seed p values; unfinished runs and the
+    system without any finished run are left out; nothing trains."""
+    args = argparse.Namespace(threads=1, size="small", updates=10, gate="elementwise",
+                              overrides=[], jobs=2, workdir=tmp_path, keep=tmp_path / "kept",
+                              report_only=True)
+    pair = tmp_path / "pair"
+
+    def result(bleu):
+        return {"params": 10, "bleu": bleu, "tok_per_s": 100.0, "best_valid_loss": 2.5,
+                "valid_loss_change_last_fifth": -0.01, "config": {"train": {"threads": 1}},
+                "bleu_by_length": [{"bucket": "1-10", "sentences": 5, "bleu": bleu}]}
+
+    for seed, bleu in ((1, 30.0), (2, 31.0)):
+        (pair / "baseline" / f"seed{seed}").mkdir(parents=True)
+        (pair / "baseline" / f"seed{seed}" / "result.json").write_text(json.dumps(result(bleu)))
+    (pair / "layer" / "seed2" / "model").mkdir(parents=True)  # interrupted: not in the report
+    kept_json, _ = fusion_study.kept_files(args.keep, "de-en", "layer", 1, args)
+    kept_json.parent.mkdir(parents=True)
+    kept_json.write_text(json.dumps(result(32.0)))
+    monkeypatch.setattr(fusion_study, "timed", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(fusion_study, "paired_p", lambda *a: 0.25)
+    runs = fusion_study.run_all("de-en", pair, ["baseline", "layer", "sublayer"], [1, 2], args)
+    assert {s: sorted(by) for s, by in runs.items()} == {"baseline": [1, 2], "layer": [1]}
+    base, layer = fusion_study.summarise("de-en", pair, runs)
+    assert (base["seeds"], base["bleu_mean"], layer["seeds"], layer["p_vs_baseline"]) == (
+        [1, 2], 30.5, [1], [0.25])
+    table = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(
+        size="small", updates=10, gate="elementwise", seeds="1,2"))
+    assert "| layer | 10 | 1 | 32.00 (one seed) | 0.25 |" in table
 
 
 def test_fusion_study_keeps_a_finished_run_and_restores_it_on_another_machine(tmp_path):
@@ -268,7 +303,7 @@ def test_fusion_study_table_says_how_each_systems_tok_per_s_was_measured(tmp_pat
                 "bleu_by_length": [{"bucket": "1-10", "sentences": 5, "bleu": 30.0}], **extra}
 
     runs = {"baseline": {1: run(2, 3000.0), 2: run(1, 2000.0, runs_at_once=2)}}
-    row, = fusion_study.summarise("de-en", tmp_path, runs, [1, 2])
+    row, = fusion_study.summarise("de-en", tmp_path, runs)
     assert row["tok_per_s"] == 2500 and row["tok_per_s_measured_with"] == "2 × 1 / 1 × 2"
     args = SimpleNamespace(size="small", updates=10, gate="elementwise", seeds="1,2")
     assert "| 2500 (2 × 1 / 1 × 2) |" in fusion_study.markdown("de-en", [row], args)
