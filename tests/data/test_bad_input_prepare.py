@@ -276,3 +276,52 @@ def test_translation_cleans_control_characters_like_prepare():
     pipe = TextPipeline("NFKC", False, "none", "en")
     assert pipe.clean("a\x00b\x1b[0mc\x7f d\te") == "a b [0mc d e"
     assert pipe.clean("\x00\x01\x02") == ""
+
+
+# ---------------------------------------------------------------- a failed re-run
+
+
+def dataset_files(out_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}
+
+
+@pytest.mark.parametrize("change", [{"max_len": 1},  # every pair filtered out: fails at the end
+                                    {"seed": 2, "vocab_size": 90, "max_len": 1}])  # new spm first
+def test_a_failed_rerun_leaves_the_earlier_dataset_as_it_was(tmp_path, change):
+    train = corpus(tmp_path, "train", lines(200), lines(200, 1))
+    valid = corpus(tmp_path, "valid", lines(5, 3), lines(5, 4))
+    prepare(config(tmp_path, train=train, valid=valid), log=lambda _: None)
+    before = dataset_files(tmp_path / "bin")
+    assert "all 200 training pairs were removed" in prepare_error(
+        config(tmp_path, train=train, valid=valid, **change))
+    assert dataset_files(tmp_path / "bin") == before  # nothing new, nothing left behind
+    load_vocabularies(tmp_path / "bin")
+    assert len(load_split(tmp_path / "bin", "valid")[0]) == 5
+
+
+def test_an_interrupted_rerun_leaves_the_earlier_dataset_as_it_was(tmp_path, monkeypatch):
+    """Ctrl-C while the training arrays are written, after the new sentencepiece model."""
+    import xinda.data.prepare as prepare_module
+
+    train = corpus(tmp_path, "train", lines(200), lines(200, 1))
+    prepare(config(tmp_path, train=train), log=lambda _: None)
+    before = dataset_files(tmp_path / "bin")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(prepare_module, "binarise_train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(tmp_path, train=train, seed=2), log=lambda _: None)
+    assert dataset_files(tmp_path / "bin") == before
+
+
+def test_a_rerun_replaces_the_dataset_whole(tmp_path):
+    prepare(config(tmp_path, train=corpus(tmp_path, "a", lines(200), lines(200, 1))),
+            log=lambda _: None)
+    second = prepare(config(tmp_path, train=corpus(tmp_path, "b", lines(150), lines(150, 1))),
+                     log=lambda _: None)
+    assert second["splits"]["train"]["pairs"] == 150
+    saved = json.loads((tmp_path / "bin" / "manifest.json").read_text(encoding="utf-8"))
+    assert saved["splits"] == second["splits"]
+    assert len(load_split(tmp_path / "bin", "train")[0]) == second["splits"]["train"]["pairs"]
+    assert not list((tmp_path / "bin").glob(".*"))  # no staging folder left

@@ -7,8 +7,12 @@ Output directory layout (``cfg.out_dir``)::
     {split}.{side}.offsets.npy                    int64, n+1 offsets: sentence i = ids[o[i]:o[i+1]]
     {split}.{side}.txt                            valid/test only: the raw lines (refs, sources)
     manifest.json                                 written last: a directory with one is complete
-    .spool-*/                                     while it runs: the preprocessed training text
-                                                  (removed at the end, on errors and Ctrl-C)
+    .staging-*/                                   while it runs: the new dataset, moved into place
+                                                  only once whole (a failed or interrupted run
+                                                  leaves the directory's earlier dataset as it
+                                                  was); inside it .spool-*/, the preprocessed
+                                                  training text; removed at the end, on errors
+                                                  and on Ctrl-C
 
 ``side`` is ``src`` or ``tgt``; ``split`` is ``train``, ``valid`` or a test-set name.
 Only ``train`` is filtered; valid and test sets keep every line (even empty ones).
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import tempfile
 from collections.abc import Callable, Iterator
@@ -205,13 +210,14 @@ def _binarise_eval_split(split: str, raw: Pair, pipes: dict[str, TextPipeline],
 
 
 @contextmanager
-def _spool_dir(out_dir: Path) -> Iterator[Path]:
+def _staging_dir(out_dir: Path) -> Iterator[Path]:
     """A temporary folder inside ``out_dir`` (on the output's disk, not in a memory-backed
-    /tmp); ``out_dir`` goes again if this made it and nothing else was written."""
+    /tmp) where the new dataset is built; gone afterwards. On failure ``out_dir`` keeps what it
+    held (and goes again if this made it and nothing else is in it)."""
     made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with tempfile.TemporaryDirectory(prefix=".spool-", dir=out_dir) as tmp:
+        with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
             yield Path(tmp)
     except BaseException:
         if made and not any(out_dir.iterdir()):
@@ -219,38 +225,40 @@ def _spool_dir(out_dir: Path) -> Iterator[Path]:
         raise
 
 
-def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], out_dir: Path
+def _publish(stage: Path, out_dir: Path) -> None:
+    """Move the finished dataset from ``stage`` into ``out_dir``, the manifest last: a reader
+    never sees a manifest with files of another run (a crash inside leaves no manifest)."""
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    for path in sorted(stage.iterdir(), key=lambda p: p.name == MANIFEST):
+        os.replace(path, out_dir / path.name)
+
+
+def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], stage: Path
                    ) -> tuple[dict[str, str], dict, dict]:
-    """Stream the training corpus: sentencepiece model(s), then arrays. Returns the model
-    files, the split's stats and the filter report."""
+    """Stream the training corpus: sentencepiece model(s), then arrays, into ``stage``.
+    Returns the model files, the split's stats and the filter report."""
     files = corpus_files(cfg.train, cfg.src_lang, cfg.tgt_lang)
-    with worker_pool(cfg.workers) as pool, _spool_dir(out_dir) as tmp:
-        spool = spool_train(files, cfg, (pipes["src"], pipes["tgt"]), pool, tmp / "train.pkl")
-        (out_dir / MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the end
-        spm_files = build_spm(cfg, out_dir, spool.sample)
+    with worker_pool(cfg.workers) as pool, \
+            tempfile.TemporaryDirectory(prefix=".spool-", dir=stage) as tmp:
+        spool = spool_train(files, cfg, (pipes["src"], pipes["tgt"]), pool,
+                            Path(tmp) / "train.pkl")
+        spm_files = build_spm(cfg, stage, spool.sample)
         spool.sample = ([], [])
-        models = (str(out_dir / spm_files["src"]), str(out_dir / spm_files["tgt"]))
-        stats, report = binarise_train(spool, models, cfg, out_dir, pool)
+        models = (str(stage / spm_files["src"]), str(stage / spm_files["tgt"]))
+        stats, report = binarise_train(spool, models, cfg, stage, pool)
     return spm_files, stats, report
 
 
-def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
-    """Run the whole ``xinda prepare`` pipeline; write ``cfg.out_dir`` and return the manifest."""
-    prefixes = _split_prefixes(cfg)
-    for prefix in prefixes.values():  # a missing file fails at once
-        corpus_files(prefix, cfg.src_lang, cfg.tgt_lang)
-    raw, cleaned = {}, {}
-    for split in list(prefixes)[1:]:  # valid and test sets: small, read whole
-        raw[split], cleaned[split] = clean_control(
-            read_parallel(prefixes[split], cfg.src_lang, cfg.tgt_lang))
-    out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg)
-    spm_files, train_stats, filter_report = _prepare_train(cfg, pipes, out_dir)
-    vocabs = {side: Vocab(out_dir / spm_files[side]) for side in SIDES}
+def _build(cfg: DataConfig, pipes: dict[str, TextPipeline], raw: dict[str, Pair],
+           cleaned: dict[str, int], stage: Path, log: Callable[[str], None]) -> dict:
+    """Write the whole dataset into ``stage``; return its manifest."""
+    spm_files, train_stats, filter_report = _prepare_train(cfg, pipes, stage)
+    vocabs = {side: Vocab(stage / spm_files[side]) for side in SIDES}
     vocab_sizes = _check_vocab_sizes(cfg, spm_files, vocabs, log)
     log(format_report("train", filter_report))
     splits = {"train": train_stats}
     for split, pair in raw.items():
-        splits[split] = _binarise_eval_split(split, pair, pipes, vocabs, cfg, out_dir)
+        splits[split] = _binarise_eval_split(split, pair, pipes, vocabs, cfg, stage)
         splits[split]["control_chars_cleaned"] = cleaned[split]
         note = (f"; {cleaned[split]} lines with control characters cleaned"
                 if cleaned[split] else "") + truncated_note(splits[split].get("truncated"))
@@ -267,5 +275,21 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
         "filter_report": filter_report,
         "config": cfg.model_dump(mode="json"),
     }
-    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(stage / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
+    """Run the whole ``xinda prepare`` pipeline; write ``cfg.out_dir`` and return the manifest."""
+    prefixes = _split_prefixes(cfg)
+    for prefix in prefixes.values():  # a missing file fails at once
+        corpus_files(prefix, cfg.src_lang, cfg.tgt_lang)
+    raw, cleaned = {}, {}
+    for split in list(prefixes)[1:]:  # valid and test sets: small, read whole
+        raw[split], cleaned[split] = clean_control(
+            read_parallel(prefixes[split], cfg.src_lang, cfg.tgt_lang))
+    out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg)
+    with _staging_dir(out_dir) as stage:  # out_dir keeps its dataset until the new one is whole
+        manifest = _build(cfg, pipes, raw, cleaned, stage, log)
+        _publish(stage, out_dir)
     return manifest
