@@ -95,6 +95,16 @@ def _read_input(path: Path | None) -> list[str]:
     return list(read_lines(path))
 
 
+def _check_outputs(output: Path | None, plots: Path | None) -> None:
+    """Refuse outputs that cannot be written before decoding, not after."""
+    from xinda.utils import check_writable
+
+    if output is not None and str(output) != "-":
+        check_writable(output)
+    if plots is not None:
+        check_writable(plots, folder=True)
+
+
 def _write_output(path: Path | None, lines: list[str]) -> None:
     from xinda.utils import atomic_write_text
 
@@ -153,6 +163,7 @@ def translate(
     if threads:
         torch.set_num_threads(threads)
     sampler = _sampling_options(sampling, temperature, top_k, top_p, seed, samples)
+    _check_outputs(output, attention_plot)
     lines = _read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
     translator = Translator.load(model_dir, checkpoint, ensemble=ensemble or ())
@@ -171,10 +182,10 @@ def translate(
                                    need_attention=attention_plot is not None,
                                    constraints=constraints, **options)
     seconds = time.perf_counter() - start
-    if attention_plot is not None:
-        _plot_attention(results, attention_plot)
     n_best = dec.samples if dec.sampling else dec.nbest
     _write_output(output, _output_lines(results, n_best, scores))
+    if attention_plot is not None:
+        _plot_attention(results, attention_plot)
     cut = sum(nbest[0].truncated_from is not None for nbest in results)
     note = f"; {cut} inputs cut to decode.max_input_len={dec.max_input_len} tokens" if cut else ""
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "

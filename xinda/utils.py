@@ -17,17 +17,56 @@ from xinda.errors import XindaError
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it over ``path`` only on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Yield a temporary path next to ``path``; rename it over ``path`` only on success. A
+    symbolic link is written through (its target is replaced); a device or FIFO that exists
+    (``/dev/stdout``, a pipe) is written in place. The file gets the old file's permissions, or
+    the umask's. Failures to write are ``XindaError`` naming ``path``."""
+    path = Path(path).resolve() if Path(path).is_symlink() else Path(path)
+    if path.exists() and not path.is_file():
+        if path.is_dir():
+            raise XindaError(f"{path}: is a directory, not a file")
+        yield path  # a device or FIFO cannot be replaced atomically
+        return
+    with write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
     try:
         yield Path(tmp)
-        os.replace(tmp, path)
+        with write_errors(path):
+            os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def write_errors(path: Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` into a one-line XindaError naming it."""
+    try:
+        yield
+    except OSError as err:
+        raise XindaError(f"{path}: cannot write: {err.strerror or err}") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_writable(path: str | Path, folder: bool = False) -> None:
+    """Fail early, before hours of work, where ``path`` (a file, or with ``folder`` a folder
+    to write files into) cannot be written; makes missing parent folders."""
+    path = Path(path)
+    target = path if folder else path.parent
+    if not folder and path.is_dir():
+        raise XindaError(f"{path}: is a directory, not a file")
+    with write_errors(path):
+        target.mkdir(parents=True, exist_ok=True)
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise PermissionError(13, "permission denied")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -171,3 +171,31 @@ def test_bad_decode_options_are_one_line_errors(trained, xinda, one_line_error, 
                                                 setting):
     proc = xinda("translate", trained.model_dir, option, value, input="five\n", ok=False)
     one_line_error(proc, setting)
+
+
+@pytest.mark.parametrize("where", ["output", "attention plots"])
+def test_translate_refuses_an_unwritable_output_before_decoding(trained, xinda, one_line_error,
+                                                                tmp_path, where):
+    """Before: a traceback after the whole input was decoded, the translation lost."""
+    (tmp_path / "file").write_text("kept\n")
+    bad = tmp_path / "file" / "out.txt" if where == "output" else tmp_path / "file"
+    args = ["-o", bad] if where == "output" else ["--attention-plot", bad]
+    proc = xinda("translate", trained.model_dir, *args, input="five\n", ok=False)
+    one_line_error(proc, f"{bad}: cannot write")
+    assert "translated" not in proc.stderr  # refused before decoding
+    assert (tmp_path / "file").read_text() == "kept\n"
+
+
+def test_translate_writes_its_output_before_the_attention_plots(trained, xinda, tmp_path):
+    out = tmp_path / "out.txt"
+    xinda("translate", trained.model_dir, "-o", out, "--attention-plot", tmp_path / "plots",
+          input="five\nsix\n")
+    assert len(out.read_text().splitlines()) == 2 and len(list((tmp_path / "plots").iterdir())) == 2
+
+
+def test_prepare_into_a_file_is_a_one_line_error(prepared, xinda, one_line_error, tmp_path):
+    (tmp_path / "file").write_text("kept\n")
+    proc = xinda("prepare", prepared.config, "--set", f"data.out_dir={tmp_path / 'file'}",
+                 ok=False)
+    one_line_error(proc, f"{tmp_path / 'file'}: cannot write")
+    assert (tmp_path / "file").read_text() == "kept\n"

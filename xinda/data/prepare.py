@@ -77,8 +77,10 @@ from xinda.errors import XindaError
 from xinda.utils import (
     atomic_path,
     atomic_write_text,
+    check_writable,
     has_control_chars,
     replace_control_chars,
+    write_errors,
 )
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -215,7 +217,9 @@ def _staging_dir(out_dir: Path) -> Iterator[Path]:
     /tmp) where the new dataset is built; gone afterwards. On failure ``out_dir`` keeps what it
     held (and goes again if this made it and nothing else is in it)."""
     made = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with write_errors(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        check_writable(out_dir, folder=True)
     try:
         with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
             yield Path(tmp)

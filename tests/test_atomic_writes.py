@@ -1,0 +1,78 @@
+"""``xinda.utils.atomic_path``: whole files or none, written where the user pointed, with
+one-line errors naming the path."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from xinda.errors import XindaError
+from xinda.utils import atomic_write_text, check_writable
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old\n")
+    from xinda.utils import atomic_path
+
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_a_new_file_gets_the_umasks_permissions_and_an_old_file_keeps_its_own(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "new.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o640
+    kept = tmp_path / "kept.txt"
+    kept.write_text("x")
+    kept.chmod(0o604)
+    atomic_write_text(kept, "y")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o604 and kept.read_text() == "y"
+
+
+def test_a_symbolic_link_is_written_through(tmp_path):
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+def test_a_fifo_is_written_in_place(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        atomic_write_text(fifo, "through the pipe\n")
+        assert os.read(reader, 100) == b"through the pipe\n"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.parametrize("where", ["directory", "under a file"])
+def test_unwritable_paths_are_one_line_errors_naming_them(tmp_path, where):
+    (tmp_path / "file").write_text("x")
+    path = tmp_path if where == "directory" else tmp_path / "file" / "out.txt"
+    for write in (lambda: atomic_write_text(path, "y"), lambda: check_writable(path)):
+        with pytest.raises(XindaError, match=f"^{path}: ") as info:
+            write()
+        assert "\n" not in str(info.value)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_check_writable_makes_missing_folders_and_refuses_a_file_as_a_folder(tmp_path):
+    check_writable(tmp_path / "a" / "b" / "out.txt")
+    check_writable(tmp_path / "plots", folder=True)
+    assert (tmp_path / "a" / "b").is_dir() and (tmp_path / "plots").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(XindaError, match="file: cannot write"):
+        check_writable(tmp_path / "file", folder=True)
