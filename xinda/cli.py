@@ -255,17 +255,26 @@ def evaluate(
         format_length_table,
         read_hyps_refs,
     )
-    from xinda.utils import read_lines
 
     streams = [read_hyps_refs(hypotheses, path) for path in references]
     hyps, refs = streams[0][0], [stream for _, stream in streams]
+    sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
     for score in corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize):
         print(score)
-    if by_length:
-        if source is None:
-            raise XindaError("--by-length needs --source (lengths are source lengths)")
-        sources = list(read_lines(source))
+    if sources is not None:
         print(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize)))
+
+
+def _length_sources(source: Path | None, hypotheses: Path, n_hyps: int) -> list[str]:
+    """The --source lines of ``evaluate --by-length``, checked before anything is printed."""
+    from xinda.utils import read_lines
+
+    if source is None:
+        raise XindaError("--by-length needs --source (lengths are source lengths)")
+    sources = list(read_lines(source))
+    if len(sources) != n_hyps:
+        raise XindaError(f"{source} has {len(sources)} lines but {hypotheses} has {n_hyps}")
+    return sources
 
 
 @command

@@ -9,7 +9,7 @@ the key's dotted path.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -19,6 +19,7 @@ from xinda.utils import atomic_write_text
 
 Pretok = Literal["moses", "jieba", "char", "none"]  # pre-tokenisers (xinda.data.text)
 Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied before it
+Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what numpy and sentencepiece accept
 
 
 class Strict(BaseModel):
@@ -51,12 +52,12 @@ class DataConfig(Strict):
     spm_sample: int = Field(1_000_000, ge=1)
     chunk_size: int = Field(50_000, ge=1)  # pairs read, preprocessed and encoded at a time
     workers: int = Field(1, ge=1)  # processes that preprocess and encode chunks
-    seed: int = 1
+    seed: Seed = 1
 
 
 class TrainConfig(Strict):
     out_dir: str = "runs/exp"  # the self-contained model directory
-    seed: int = 1
+    seed: Seed = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(0, ge=0)  # torch intra-op threads; 0 = torch's default
     max_tokens: int = Field(4096, ge=1)  # tokens per batch, max(src, tgt) incl. padding
@@ -121,7 +122,7 @@ class DecodeConfig(Strict):
     top_k: int = Field(0, ge=0)  # sample among the k most probable tokens; 0 = all
     top_p: float = Field(1.0, gt=0, le=1)  # nucleus: smallest set with probability >= top_p
     samples: int = Field(1, ge=1)  # samples per input sentence
-    seed: int = 1  # seeds the sampling generator
+    seed: int = Field(1, ge=0, lt=2**63)  # seeds the sampling generator (a torch.Generator)
 
 
 class ExperimentConfig(Strict):
@@ -136,10 +137,29 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (it
+    would silently drop the first, e.g. a whole second ``data:`` section)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise _DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _parse_yaml(text: str, what: str) -> Any:
-    """``yaml.safe_load(text)``; any failure is a one-line XindaError starting with ``what``."""
+    """``yaml.safe_load(text)``, refusing duplicate keys; any failure is a one-line
+    XindaError starting with ``what``."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as err:
         reason = (str(err).splitlines() or [type(err).__name__])[0]
     except RecursionError:
@@ -184,6 +204,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
     tree: dict = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise XindaError(f"{path}: is a directory, not a config file")
         if not path.is_file():
             raise XindaError(f"{path}: config file not found")
         try:

@@ -128,6 +128,21 @@ def test_evaluate_line_count_mismatch(xinda, one_line_error, tmp_path):
     one_line_error(proc)
 
 
+@pytest.mark.parametrize("source", [None, "a\n"])
+def test_evaluate_by_length_checks_the_source_before_printing_scores(xinda, one_line_error,
+                                                                     tmp_path, source):
+    """Before: the scores went to stdout, then the error (without the file's name)."""
+    for name in ("hyp.txt", "ref.txt"):
+        (tmp_path / name).write_text("a b\nc d\n", encoding="utf-8")
+    args = [] if source is None else ["--source", tmp_path / "src.txt"]
+    if source is not None:
+        (tmp_path / "src.txt").write_text(source, encoding="utf-8")
+    proc = xinda("evaluate", tmp_path / "hyp.txt", tmp_path / "ref.txt", "--by-length", *args,
+                 ok=False)
+    one_line_error(proc, "--source" if source is None else f"{tmp_path / 'src.txt'} has 1 lines")
+    assert proc.stdout == ""
+
+
 def test_translate_invalid_utf8_on_stdin_names_the_line(trained, xinda_popen):
     import subprocess
 

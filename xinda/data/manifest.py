@@ -30,6 +30,11 @@ def load_manifest(data_dir: str | Path) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise XindaError(f"{path}: invalid manifest ({err})") from None
+    missing = [k for k in ("spm", "text", "splits", "joint_vocab")
+               if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise XindaError(f"{path}: not a manifest of xinda prepare (no {', '.join(missing)}); "
+                         "re-run xinda prepare")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise XindaError(f"{path}: unsupported format_version {version} "
@@ -67,7 +72,11 @@ def _side_vocab(directory: Path, manifest: dict, side: str) -> Vocab:
     path = directory / manifest["spm"][side]
     if not path.is_file():
         raise XindaError(f"{path}: sentencepiece model not found — run xinda prepare again")
-    return Vocab(path)
+    try:
+        return Vocab(path)
+    except (RuntimeError, OSError):
+        raise XindaError(f"{path}: not a valid sentencepiece model — run xinda prepare again"
+                         ) from None
 
 
 def load_vocabularies(directory: str | Path, manifest: dict | None = None) -> Vocabularies:

@@ -145,6 +145,8 @@ def _write_model(path: Path, data: bytes) -> None:
 
 def _copy_spm_model(src: str, out_dir: Path) -> None:
     path = Path(src)
+    if path.is_dir():
+        raise XindaError(f"{path}: is a directory, not a sentencepiece model (data.spm_model)")
     if not path.is_file():
         raise XindaError(f"{path}: sentencepiece model not found (data.spm_model)")
     data = path.read_bytes()
