@@ -46,3 +46,27 @@ def test_misaligned_corpus_while_streaming(xinda, one_line_error, tmp_path):
                           f"{train}.de:70: ends after 70 lines but {train}.en has more")
     assert last
     assert not (tmp_path / "data-bin").exists()
+
+
+def test_ctrl_c_with_workers_ends_at_once_without_worker_tracebacks(xinda_popen, tmp_path):
+    """Ctrl-C reaches the whole process group, workers too. Before: each worker printed a
+    KeyboardInterrupt traceback, and a worker interrupted while sending its result kept the
+    queue's lock, so the parent hung in Pool.terminate."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    config = write_config(tmp_path, write_corpus(tmp_path, 60_000))
+    proc = xinda_popen("prepare", config, "--workers", 2, start_new_session=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "data-bin").glob(".staging-*/.spool-*/*")):  # pass 1 running
+        assert proc.poll() is None and time.monotonic() < deadline, "prepare did not start"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "xinda: interrupted"
+    assert not (tmp_path / "data-bin").exists()  # made by this run, and nothing in it

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -88,8 +90,26 @@ def worker_pool(workers: int) -> Iterator[Pool | None]:
     if workers <= 1:
         yield None
         return
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    with _interrupts_ignored():  # the workers start with Ctrl-C ignored and keep it so
+        pool = multiprocessing.get_context("spawn").Pool(workers)
+    with pool:
         yield pool
+
+
+@contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C (SIGINT) in this block, in the main thread; processes started inside
+    inherit that. Ctrl-C reaches a terminal's whole process group, but it is the parent's to
+    handle (it terminates the pool): a worker that took it could die holding the result
+    queue's lock, and the parent's ``terminate`` would then wait for that lock forever."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipeline, TextPipeline],
