@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from xinda.config import DecodeConfig
 from xinda.decode import search
-from xinda.decode.sampling import SamplingConfig, sample, top_k_filter, top_p_filter
+from xinda.decode.sampling import SamplingConfig, sample, sampler, top_k_filter, top_p_filter
 from xinda.decode.search import greedy_search, length_penalty, max_lengths
 from xinda.errors import XindaError
 
@@ -72,8 +72,11 @@ def test_n_samples_ranked_by_score_with_model_logprobs(family, make_model, make_
 
 @pytest.mark.parametrize("family", ["transformer", "rnn"])
 @pytest.mark.parametrize("sampling", [SamplingConfig(top_k=1, n=2, seed=9),
-                                      SamplingConfig(temperature=1e-6, n=2, seed=9)],
-                         ids=["top_k=1", "temperature->0"])
+                                      SamplingConfig(temperature=1e-6, n=2, seed=9),
+                                      SamplingConfig(temperature=1e-45, n=2, seed=9),
+                                      SamplingConfig(temperature=1e-300, n=2, seed=9)],
+                         ids=["top_k=1", "temperature->0", "temperature=1e-45",
+                              "temperature=1e-300"])
 def test_top_k_one_and_cold_temperature_are_greedy(family, sampling, make_model, make_src):
     model = make_model(SPECS[family], 2, eos_bias=0.0)
     src = make_src(LENGTHS, 2)
@@ -117,6 +120,16 @@ def test_filters_by_hand():
     assert top_k_filter(scores, 0).isfinite().all()
     shuffled = scores[:, [2, 0, 3, 1]]
     assert top_p_filter(shuffled, 0.8).isfinite()[0].tolist() == [False, True, False, True]
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-45, 1e-38, 1e-30, 5e-324])
+def test_tiny_temperatures_pick_the_best_allowed_token(temperature):
+    """However cold (down to temperatures whose reciprocal overflows float32 or float64),
+    each row gets its most probable allowed token, never a NaN distribution."""
+    inf = float("inf")
+    logp = torch.tensor([[-inf, -1.0, -2.0], [-3.0, -0.5, -inf], [-80.0, -90.0, -85.0]])
+    cfg = SamplingConfig(temperature=temperature, top_k=2, top_p=0.5)
+    assert sampler(cfg, cfg.generator())(logp).tolist() == [1, 1, 0]
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from xinda.config import DecodeConfig
 from xinda.decode.constraints import Constraint
-from xinda.decode.search import Choose, Hypothesis, decode_rows
+from xinda.decode.search import Choose, Hypothesis, argmax, decode_rows
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 
@@ -84,10 +84,21 @@ def top_p_filter(scores: Tensor, p: float) -> Tensor:
     return scores.masked_fill(outside.scatter(1, order, outside), NEG_INF)
 
 
+def cooled(logp: Tensor, temperature: float) -> Tensor:
+    """logp (R, V), each row with a finite entry, over ``temperature``, shifted so that each
+    row's maximum is 0: however cold, the best token keeps a finite score."""
+    shifted = logp - logp.max(dim=-1, keepdim=True).values
+    return shifted / temperature
+
+
 def sampler(cfg: SamplingConfig, generator: torch.Generator) -> Choose:
-    """The ``choose`` of ``decode_rows`` that draws one token per row: logp (R, V) -> (R,)."""
+    """The ``choose`` of ``decode_rows`` that draws one token per row: logp (R, V) -> (R,).
+    A temperature whose reciprocal overflows logp's dtype is greedy (argmax)."""
     def choose(logp: Tensor) -> Tensor:
-        scores = top_p_filter(top_k_filter(logp / cfg.temperature, cfg.top_k), cfg.top_p)
+        if cfg.temperature * torch.finfo(logp.dtype).max < 1:
+            return argmax(logp)
+        scores = top_p_filter(top_k_filter(cooled(logp, cfg.temperature), cfg.top_k),
+                              cfg.top_p)
         probs = scores.softmax(dim=-1)  # (R, V)
         return torch.multinomial(probs, 1, generator=generator)[:, 0]
     return choose
