@@ -85,6 +85,16 @@ def test_sampling_is_reproducible_with_a_seed(client):
     assert len(first["translations"][0]["nbest"]) == 3 and first == second
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-45])
+def test_a_tiny_temperature_is_greedy(client, temperature):
+    greedy = post(client, "/v1/translate", model="numbers", text=NUMBERS, beam=1).json()
+    response = post(client, "/v1/translate", model="numbers", text=NUMBERS, sampling=True,
+                    temperature=temperature, samples=2)
+    assert response.status_code == 200, response.text
+    texts = [h["text"] for h in response.json()["translations"][0]["nbest"]]
+    assert texts == [greedy["translations"][0]["nbest"][0]["text"]] * 2
+
+
 def test_constraints(client):
     def best(**constraints):
         response = post(client, "/v1/translate", model="numbers", text=["one", "two"],
@@ -145,6 +155,16 @@ def test_malformed_bodies(client, body, status, code):
     assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
 
 
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000,
+                                  b'{"text": "one", "beam": ' + b"1" * 5000 + b"}"],
+                         ids=["nested-too-deeply", "over-4300-digits"])
+def test_unparsable_bodies_are_bad_json(client, body):
+    response = client.post("/v1/translate", content=body,
+                           headers={"content-type": "application/json"})
+    assert_error(response, 400, "bad_json", "could not be parsed")
+    assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
+
+
 BAD_FIELDS = [
     ({"text": 5}, "text"),
     ({"text": ["one", 2]}, "text[1]"),
@@ -165,6 +185,13 @@ BAD_FIELDS = [
     ({}, "text"),
     ({"text": "one", "model": None, "checkpoint": "/etc/passwd"}, "checkpoint"),
 ]
+UNKNOWN_KEYS = [
+    ({"text": "one", "beems": 2}, "unknown field 'beems'"),
+    ({"text": "one", "str": 1}, "unknown field 'str'"),
+    ({"text": "one", "": 1}, "unknown field ''"),
+    ({"text": "one", "beam[0]": 2}, "unknown field 'beam[0]'"),
+    ({"text": "one", "constraints": {"list": 1}}, "constraints: unknown field 'list'"),
+]
 
 
 @pytest.mark.parametrize(("body", "field"), BAD_FIELDS)
@@ -172,6 +199,26 @@ def test_wrong_types_and_values_name_the_field(make_client, body, field):
     with make_client(("numbers",)) as client:
         assert_error(client.post("/v1/translate", json=body), 422, "invalid_request", field)
         assert post(client, "/v1/translate", text="one").status_code == 200
+
+
+@pytest.mark.parametrize(("body", "message"), UNKNOWN_KEYS)
+def test_unknown_keys_are_named_as_sent(make_client, body, message):
+    with make_client(("numbers",)) as client:
+        assert assert_error(client.post("/v1/translate", json=body), 422,
+                            "invalid_request") == message
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "text/plain", "application/jsonx"])
+def test_a_body_not_sent_as_json_is_415(client, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    response = client.post("/v1/translate", content=b'{"text": "one"}', headers=headers)
+    assert_error(response, 415, "unsupported_media_type", "Content-Type: application/json")
+    for json_type in ("application/json; charset=utf-8", "Application/JSON",
+                      "application/vnd.xinda+json"):
+        response = client.post("/v1/translate", content=b'{"text": "one", "model": "numbers"}',
+                               headers={"content-type": json_type})
+        assert response.status_code == 200, response.text
 
 
 @pytest.mark.parametrize("name", ["nope", "../numbers", "/tmp/numbers", "numbers/config.yaml",
@@ -203,6 +250,33 @@ def test_limits_on_texts_characters_and_body(make_client):
         chunks = (b"x" * 100 for _ in range(100))  # no Content-Length: counted while read
         assert_error(client.post("/v1/translate", content=chunks), 413, "too_large")
         assert post(client, "/v1/translate", text="one").status_code == 200
+
+
+def test_work_is_limited(make_client):
+    """Work: texts x beam (or samples) x output length limit; exact_length 3 sets the limit
+    to 3 + EOS. The refusal comes before queueing (the workers are stopped)."""
+    body = {"text": ["one", "two"], "beam": 3, "constraints": {"exact_length": 3}}
+    sampled = {"text": "one", "sampling": True, "samples": 5, "constraints": {"exact_length": 3}}
+    with make_client(max_work=24) as client:
+        assert client.post("/v1/translate", json=body).status_code == 200
+        assert client.post("/v1/translate", json=sampled).status_code == 200
+    with make_client(start=False, max_work=23, timeout_s=2) as client:
+        assert_error(client.post("/v1/translate", json=body), 422, "too_much_work", "24",
+                     "23", "beam")
+        assert_error(client.post("/v1/translate", json={**sampled, "samples": 6}), 422,
+                     "too_much_work", "24")
+
+
+def test_the_default_work_limit(client):
+    """An ordinary batch passes; 64 texts at beam 32 with a long exact length, or 64 long first
+    lines of couplets at n_best 32, do not."""
+    lines = [NUMBERS] * 64
+    assert post(client, "/v1/translate", model="numbers", text=lines, beam=5).status_code == 200
+    assert_error(post(client, "/v1/translate", model="numbers", text=lines, beam=32, n_best=32,
+                      constraints={"exact_length": 1023}), 422, "too_much_work", "250,000")
+    assert_error(post(client, "/v1/couplet", model="couplet", text=["春风" * 400] * 64,
+                      n_best=32), 422, "too_much_work", "250,000")
+    assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
 
 
 def test_not_found_and_method_not_allowed_are_json(client):

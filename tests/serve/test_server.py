@@ -14,6 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from subprocesses import free_port, subprocess_env, xinda_command
 
 STARTUP_S = 120  # imports torch and loads the model on a busy machine
@@ -93,6 +94,14 @@ def test_concurrent_requests_then_sigterm_lets_the_request_in_flight_finish(serv
 @pytest.mark.parametrize(("args", "fragment"), [
     (["--host", "0.0.0.0"], "--api-key"),
     (["--port", "-1"], "port"),
+    (["--max-wait-ms", "inf"], "max_wait_ms"),
+    (["--max-wait-ms", "1000", "--timeout", "1"], "max_wait_ms"),
+    (["--timeout", "inf"], "timeout_s"),
+    (["--max-work", "0"], "max_work"),
+    (["--threads", "-1"], "--threads"),
+    (["--device", "bogus"], "--device bogus"),
+    pytest.param(["--device", "cuda"], "--device cuda", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="CUDA is available here")),
 ])
 def test_refusals_at_start_are_one_line(served_model_dir, args, fragment):
     proc = subprocess.run([*xinda_command(), "serve", str(served_model_dir), *args],

@@ -126,8 +126,11 @@ def test_apps_have_their_own_metrics(served_models):
     assert apps[0].state.service.metrics.registry is not apps[1].state.service.metrics.registry
 
 
-@pytest.mark.parametrize("bad", [{"max_batch_requests": 0}, {"timeout_s": 0},
-                                 {"port": 70000}, {"extra": 1}])
+@pytest.mark.parametrize("bad", [
+    {"max_batch_requests": 0}, {"timeout_s": 0}, {"port": 70000}, {"extra": 1},
+    {"timeout_s": float("inf")}, {"timeout_s": float("nan")}, {"timeout_s": 1e9},
+    {"max_wait_ms": float("inf")}, {"max_wait_ms": float("nan")}, {"max_wait_ms": 1e9},
+    {"max_wait_ms": 30_000}, {"max_wait_ms": 1000, "timeout_s": 1.0}, {"max_work": 0}])
 def test_settings_are_checked(bad):
     with pytest.raises(ValueError):
         ServeSettings(**bad)

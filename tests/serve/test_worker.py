@@ -105,3 +105,18 @@ def test_the_worker_survives_any_exception(batches, monkeypatch):
         assert later.future.result(timeout=WAIT_S) == ["Y"]
     finally:
         w.stop()
+
+
+def test_a_failure_while_collecting_fails_the_jobs_taken(batches):
+    """An unbounded wait (``max_wait_ms`` inf, which the settings refuse) makes the queue's
+    get raise once a job is taken: that job fails instead of waiting forever."""
+    settings = ServeSettings().model_copy(update={"max_wait_ms": float("inf")})
+    w = Worker(ServedModel("fake", None, "translate", "none"), settings, Metrics(set()))
+    taken = job("x")
+    w.submit(taken)
+    w.start()
+    try:
+        assert isinstance(taken.future.exception(timeout=WAIT_S), OverflowError)
+        assert batches == []
+    finally:
+        w.stop()

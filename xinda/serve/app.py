@@ -53,7 +53,7 @@ ENDPOINTS = {"/", "/health", "/metrics", "/docs", "/openapi.json", "/v1/models",
              "/v1/translate", "/v1/couplet", "/v1/poem"}
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 413, 422, 429)}
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 413, 415, 422, 429)}
 
 
 class Service:
@@ -112,10 +112,21 @@ class Service:
                                f"at most {limits.max_chars}")
         return texts
 
+    def check_work(self, model: ServedModel, kind: str, options: dict,
+                   inputs: Sequence[Any]) -> None:
+        """Refuse a job that may take more decoder row-steps than ``max_work``."""
+        amount, limit = tasks.work(model.translator, kind, options, inputs), self.settings.max_work
+        if amount > limit:
+            raise ApiError(422, "too_much_work", f"the request may take {amount:,} decoder "
+                           f"steps (texts x beam or samples x output length limit), over the "
+                           f"limit of {limit:,}: send fewer or shorter texts, or lower beam, "
+                           "samples, n_best or exact_length")
+
     async def run(self, model: ServedModel, kind: str, options: dict, inputs: Sequence[Any],
                   alone: bool = False) -> list:
         """Queue a job for ``model``'s worker and wait for its results (one per input); with
         ``alone`` the job is batched with no other request."""
+        self.check_work(model, kind, options, inputs)
         key = (kind, json.dumps(options, sort_keys=True)) + ((object(),) if alone else ())
         job = Job(kind, key, options, list(inputs))
         try:

@@ -48,13 +48,15 @@ def serve(
                          ] = _serve_default("max_chars"),
     max_body_bytes: Annotated[int, typer.Option(help="request body size (beyond: 413)")
                               ] = _serve_default("max_body_bytes"),
+    max_work: Annotated[int, typer.Option(
+        help="decoder steps per request: texts x beam (or samples) x output length limit")
+        ] = _serve_default("max_work"),
     device: Annotated[str, typer.Option(help="cpu | cuda | ...")] = "cpu",
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
     precision: Annotated[str | None, typer.Option(
         help="fp32 | bf16 | int8 | auto (default: each model's decode.precision)")] = None,
 ) -> None:
     """Serve trained models over HTTP (REST API, batching across requests, web page at /)."""
-    import torch
     from pydantic import ValidationError
 
     from xinda.config import format_validation_error
@@ -66,9 +68,33 @@ def serve(
             max_batch_requests=1 if no_batching else max_batch_requests,
             batch_tokens=batch_tokens, max_wait_ms=max_wait_ms, queue_size=queue_size,
             timeout_s=timeout, max_texts=max_texts, max_chars=max_chars,
-            max_body_bytes=max_body_bytes)
+            max_body_bytes=max_body_bytes, max_work=max_work)
     except ValidationError as err:
         raise XindaError(format_validation_error(err, "xinda serve")) from None
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
+    check_device(device)
     run_server(model_dirs, settings, device, precision)
+
+
+def set_threads(threads: int) -> None:
+    """``--threads``: torch's CPU threads (0: its default)."""
+    import torch
+
+    if threads < 0:
+        raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
+    if threads:
+        try:
+            torch.set_num_threads(threads)
+        except (RuntimeError, ValueError) as err:
+            raise XindaError(f"--threads {threads}: {err}") from None
+
+
+def check_device(name: str) -> None:
+    """``--device`` must name a torch device that this machine has."""
+    import torch
+
+    try:
+        torch.empty(0, device=torch.device(name))
+    except Exception as err:  # noqa: BLE001 - torch raises several types for devices it lacks
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise XindaError(f"--device {name}: not available here ({reason})") from None

@@ -58,7 +58,11 @@ def validation_message(err: RequestValidationError) -> tuple[int, str, str]:
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", "not valid JSON")
         return 400, "bad_json", f"the request body is not valid JSON: {reason}"
-    path = field_path(tuple(first.get("loc", ())))
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") == "extra_forbidden":  # the key as sent, not read as a field path
+        parent, unknown = field_path(loc[:-1]), f"unknown field {loc[-1]!r}"
+        return 422, "invalid_request", f"{parent}: {unknown}" if parent else unknown
+    path = field_path(loc)
     if not path and first.get("type") == "missing":
         return 422, "invalid_request", "the request body is missing: send a JSON object"
     if not path:
@@ -79,6 +83,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        if err.status_code == 400 and isinstance(err.__cause__, (RecursionError, ValueError)):
+            return error_response(400, "bad_json", "the request body could not be parsed as "
+                                  "JSON: nested too deeply or a number too long")
         code = HTTP_CODES.get(err.status_code, "http_error")
         return error_response(err.status_code, code, str(err.detail), err.headers)
 

@@ -1,6 +1,6 @@
 """ASGI middleware in front of the app: request metrics, and the body checks that must happen
 before FastAPI reads the body (a body over ``max_body_bytes`` is a 413 without being read whole;
-a body that is not UTF-8 is a 400)."""
+a body that is not declared JSON is a 415, one that is not UTF-8 a 400)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
 class RequestGuard:
-    """Counts and times every HTTP request, and refuses bodies that are too large or not
-    UTF-8 with the JSON error shape."""
+    """Counts and times every HTTP request, and refuses bodies that are too large, not sent
+    as JSON or not UTF-8 with the JSON error shape."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int):
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
@@ -57,6 +57,9 @@ class RequestGuard:
                 refusal = self._too_large()
                 break
         body = b"".join(chunks)
+        if refusal is None and body and not _is_json_type(scope):
+            refusal = error_response(415, "unsupported_media_type", "the request body must be "
+                                     "JSON: send Content-Type: application/json")
         if refusal is None and not _is_utf8(body):
             refusal = error_response(400, "bad_encoding", "the request body is not valid UTF-8")
         if refusal is not None:
@@ -76,6 +79,14 @@ class RequestGuard:
     def _too_large(self):
         return error_response(413, "too_large", f"the request body is over "
                               f"{self.max_body_bytes} bytes", {"Connection": "close"})
+
+
+def _is_json_type(scope: Scope) -> bool:
+    """Whether the Content-Type is one FastAPI reads as JSON: application/json or
+    application/*+json (parameters such as charset aside)."""
+    value = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+    kind, _, subtype = value.split(";")[0].strip().lower().partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
 def _is_utf8(body: bytes) -> bool:

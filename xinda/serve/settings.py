@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -20,14 +20,25 @@ class ServeSettings(BaseModel):
     # decode options, until their source tokens reach batch_tokens or max_wait_ms has passed
     max_batch_requests: int = Field(32, ge=1)  # 1 = no batching across requests
     batch_tokens: int = Field(4096, ge=1)
-    max_wait_ms: float = Field(5.0, ge=0)
+    max_wait_ms: float = Field(5.0, ge=0, le=60_000, allow_inf_nan=False)  # below timeout_s
     # limits
     queue_size: int = Field(256, ge=1)  # waiting jobs per model; beyond: 429
     retry_after_s: int = Field(1, ge=1)  # the Retry-After of a 429
-    timeout_s: float = Field(30.0, gt=0)  # per request, queueing included; then 408
+    # per request, queueing included; then 408
+    timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
     max_texts: int = Field(64, ge=1)  # texts per request
     max_chars: int = Field(1000, ge=1)  # characters per text
     max_body_bytes: int = Field(1 << 20, ge=1)  # request body size; beyond: 413
+    # decoder row-steps per request (sum over its texts of beam or samples x output length
+    # limit); beyond: 422. 64 texts of 50 tokens at beam 5 take ~28,000
+    max_work: int = Field(250_000, ge=1)
+
+    @model_validator(mode="after")
+    def _wait_below_timeout(self) -> ServeSettings:
+        if self.max_wait_ms >= 1000 * self.timeout_s:
+            raise ValueError(f"max_wait_ms ({self.max_wait_ms:g}) must be below the timeout "
+                             f"({self.timeout_s:g} s = {1000 * self.timeout_s:g} ms)")
+        return self
 
     @property
     def loopback(self) -> bool:

@@ -2,7 +2,8 @@
 
 A runner takes the options the batch's jobs share and all their inputs (concatenated), makes one
 ``Translator.translate`` / ``write_couplets`` / ``write_poems`` call and returns one result per
-input, in order; the worker splits them back to the jobs.
+input, in order; the worker splits them back to the jobs. ``work`` bounds what a job may cost
+the decoder before it is queued.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from xinda.apps.generate import Output, PoemPrompt, write_couplets, write_poems
 from xinda.apps.poetry import source_text
+from xinda.decode.constraints import Constraint, length_bounds
+from xinda.decode.search import max_lengths
 from xinda.decode.translator import Translation, Translator
 from xinda.evaluate.generation import poem_lines
 
@@ -25,10 +30,16 @@ def translate(translator: Translator, options: dict, inputs: Sequence[Line]
     """``options``: {"decode": DecodeConfig fields, "constraints": constraints_for keywords
     (without prefixes), "attention": bool}; a prefix applies to its own line only."""
     lines = [line for line, _ in inputs]
-    prefixes = [prefix or "" for _, prefix in inputs] if any(p for _, p in inputs) else None
-    constraints = translator.constraints_for(lines, prefixes, **options["constraints"])
-    return translator.translate(lines, constraints=constraints,
+    return translator.translate(lines, constraints=constraints(translator, options, inputs),
                                 need_attention=options["attention"], **options["decode"])
+
+
+def constraints(translator: Translator, options: dict, inputs: Sequence[Line]
+                ) -> list[Constraint]:
+    """The constraints of a translate job's lines (a prefix applies to its own line only)."""
+    lines = [line for line, _ in inputs]
+    prefixes = [prefix or "" for _, prefix in inputs] if any(p for _, p in inputs) else None
+    return translator.constraints_for(lines, prefixes, **options["constraints"])
 
 
 def couplets(translator: Translator, options: dict, inputs: Sequence[str]) -> list[list[Output]]:
@@ -54,6 +65,37 @@ def cost(translator: Translator, kind: str, inputs: Sequence[Any]) -> int:
     if kind == "poem":
         return sum(len(source_text(p.form, p.keywords or tuple(p.acrostic))) + 1 for p in inputs)
     return sum(len(line) + 1 for line in inputs)
+
+
+def translate_work(translator: Translator, options: dict, inputs: Sequence[Line]) -> int:
+    """Decoder row-steps a translate job may take: for each line, the rows its search decodes
+    (beam, or samples) x its output length limit, as ``search._output_limits`` sets it."""
+    dec = translator.decode_settings(options["decode"])
+    sizes = torch.tensor([min(len(translator.source_ids(line, False)), dec.max_input_len)
+                          for line, _ in inputs])  # source tokens; + EOS below
+    cap = translator.model.cfg.max_positions - 1
+    limits = max_lengths(sizes + 1, dec.max_len_a, dec.max_len_b, cap)
+    _, limits = length_bounds(constraints(translator, options, inputs), limits, cap)
+    rows = dec.samples if dec.sampling else dec.beam
+    return rows * int(limits[sizes > 0].sum())  # empty lines are not decoded
+
+
+def couplet_work(translator: Translator, options: dict, inputs: Sequence[str]) -> int:
+    """Decoder row-steps a couplet job may take: beam max(nbest, decode.beam) rows
+    (``write_couplets``) of at most two tokens per character + EOS (``CoupletRules``)."""
+    rows = max(options.get("nbest", 1), translator.cfg.decode.beam)
+    cap = translator.model.cfg.max_positions - 1
+    return rows * sum(min(2 * len("".join(up.split())) + 1, cap) for up in inputs)
+
+
+WORK: dict[str, Callable[[Translator, dict, Sequence[Any]], int]] = {
+    "translate": translate_work, "couplet": couplet_work}  # poems: a few short lines
+
+
+def work(translator: Translator, kind: str, options: dict, inputs: Sequence[Any]) -> int:
+    """The decoder row-steps a job may take at most (0 for kinds without a measure)."""
+    measure = WORK.get(kind)
+    return measure(translator, options, inputs) if measure else 0
 
 
 def finite(score: float) -> float | None:

@@ -72,8 +72,7 @@ class Worker:
                 job = self.backlog.popleft() if self.backlog else self.queue.get_nowait()
             except (IndexError, queue.Empty):  # the thread did not stop in time and took it
                 break
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(RuntimeError("the server is shutting down"))
+            _fail(job, RuntimeError("the server is shutting down"))
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -98,11 +97,24 @@ class Worker:
 
     def _collect(self) -> list[Job]:
         """The next batch: the oldest job and the waiting jobs with its key, within the limits;
-        jobs whose requests gave up (cancelled futures) are dropped."""
+        jobs whose requests gave up (cancelled futures) are dropped. If collecting fails, the
+        jobs taken fail with its error."""
         first = self.backlog.popleft() if self.backlog else self._take(POLL_S)
         if first is None:
             return []
-        batch, tokens = [first], first.tokens
+        batch = [first]
+        try:
+            self._fill(batch)
+        except Exception as err:  # the jobs taken fail, their requests wait for nothing
+            for job in batch:
+                _fail(job, err)
+            raise
+        return [job for job in batch if job.future.set_running_or_notify_cancel()]
+
+    def _fill(self, batch: list[Job]) -> None:
+        """Add to ``batch`` (its first job taken) the waiting jobs with its key, from the
+        backlog and then from the queue for up to ``max_wait_ms``, within the limits."""
+        first, tokens = batch[0], batch[0].tokens
         for job in [j for j in self.backlog if j.key == first.key]:
             if not self._room(batch, tokens, job):
                 break
@@ -119,7 +131,6 @@ class Worker:
                 tokens += job.tokens
             else:
                 self.backlog.append(job)
-        return [job for job in batch if job.future.set_running_or_notify_cancel()]
 
     def _room(self, batch: list[Job], tokens: int, job: Job | None = None) -> bool:
         """Whether the batch has room for ``job`` (or, without one, for any more tokens)."""
@@ -153,3 +164,9 @@ class Worker:
             for job in batch:
                 job.future.set_result(results[offset:offset + len(job.inputs)])
                 offset += len(job.inputs)
+
+
+def _fail(job: Job, err: BaseException) -> None:
+    """Fail ``job`` with ``err``, unless its request gave up (cancelled) already."""
+    if job.future.set_running_or_notify_cancel():
+        job.future.set_exception(err)
