@@ -44,6 +44,7 @@ from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
+from xinda.train.same_run import apply_hyperparameters, check_same_run
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.utils import atomic_write_text
 
@@ -111,18 +112,27 @@ class Trainer:
                         "(xinda.evaluate.validation.validation_bleu builds one)")
 
     # ------------------------------------------------------------------ set-up and resume
-    def prepare_output_dir(self, resume: bool) -> None:
-        """Make the model directory self-contained: config, manifest, sentencepiece models
-        (rank 0)."""
-        if self.out.exists() and ckpt.list_checkpoints(self.out) and not resume:
+    def check_output_dir(self, resume: bool) -> None:
+        """Rank 0, before anything is written: a directory with checkpoints is only continued
+        (``--resume``), and only with the config and data of its run (``same_run``)."""
+        found = self.out.exists() and ckpt.list_checkpoints(self.out)
+        if found and not resume:
             raise XindaError(f"{self.out}: already holds checkpoints; use --resume to continue "
                              "or choose another train.out_dir")
+        if found:
+            check_same_run(self.out, self.cfg, self.data_dir, self.manifest)
+
+    def write_output_dir(self) -> None:
+        """Make the model directory self-contained: config, manifest, sentencepiece models
+        (rank 0, once the newest checkpoint has loaded)."""
         self.out.mkdir(parents=True, exist_ok=True)
         save_config(self.cfg, self.out / "config.yaml")
         for name in {*self.manifest["spm"].values(), "manifest.json"}:
             if (self.data_dir / name).resolve() != (self.out / name).resolve():
                 shutil.copyfile(self.data_dir / name, self.out / name)
         self.csv = CsvLog(self.out / "log.csv")
+        if self.saved_step is not None:
+            self.csv.truncate_after(self.saved_step)  # rows after it are logged again
 
     def resume(self) -> None:
         """Continue from the newest checkpoint: rank 0 reads it and sends it to the others."""
@@ -131,6 +141,7 @@ class Trainer:
             return
         if state["optimizer"] is not None:  # None after `xinda grow`: fresh Adam moments
             self.optimizer.load_state_dict(state["optimizer"])
+            apply_hyperparameters(self.optimizer, self.cfg.train)
         if state["scaler"]:  # empty when saved by a disabled (non-fp16) scaler
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
@@ -149,7 +160,6 @@ class Trainer:
         if state["optimizer"] is None:
             log.info("%s has no optimizer state: starting a fresh optimizer", found[-1].name)
         progress = state["progress"]
-        self.csv.truncate_after(progress["step"])
         log.info("resumed from %s (update %d, epoch %d, batch %d)", found[-1].name,
                  progress["step"], progress["epoch"], progress["batch"])
         return state
@@ -164,7 +174,18 @@ class Trainer:
                 state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
             ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
                                  self.cfg.train.keep_last)
+            self.retire_average()
         self.saved_step = self.progress.step
+
+    def retire_average(self) -> None:
+        """An ``averaged.safetensors`` of earlier checkpoints would shadow the newer weights
+        (``translate`` prefers it): renamed aside, not deleted."""
+        averaged = self.out / "averaged.safetensors"
+        if averaged.is_file():
+            aside = averaged.with_name(f"averaged-before-step_{self.progress.step:07d}.safetensors")
+            averaged.replace(aside)
+            log.warning("%s averaged older checkpoints: renamed to %s (run xinda average again)",
+                        averaged, aside.name)
 
     def save_unless_saved(self) -> None:
         """Checkpoint the current update unless the newest checkpoint already holds it."""
@@ -175,9 +196,11 @@ class Trainer:
     def train(self, resume: bool = False) -> Progress:
         with lost_contact(self.ranks.rank), _os_errors_named(self.out):
             if self.ranks.is_main:
-                self.prepare_output_dir(resume)
+                self.check_output_dir(resume)
             if resume:
                 self.resume()
+            if self.ranks.is_main:
+                self.write_output_dir()
             self.net = self.ranks.wrap(self.model, self.find_unused)
             with self.stop_on_signals():
                 progress = self._train()
@@ -193,7 +216,7 @@ class Trainer:
                      "(update_freq)", self.ranks.world, tc.max_tokens, self.ranks.world,
                      tc.update_freq)
         self._clock = None
-        stop = self.steps_done()  # resumed from a run that had already finished
+        stop = self.steps_done() or self.stopped_early()  # resumed from a finished run
         while p.epoch <= tc.max_epochs and not stop:
             batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
                                    tc.max_tokens, tc.seed, p.epoch)
@@ -290,6 +313,10 @@ class Trainer:
         bar.close()
         return False
 
+    def stopped_early(self) -> bool:
+        patience = self.cfg.train.patience
+        return bool(patience and self.progress.bad_epochs >= patience)
+
     def steps_done(self) -> bool:
         max_steps = self.cfg.train.max_steps
         return bool(max_steps and self.progress.step >= max_steps)
@@ -319,6 +346,11 @@ class Trainer:
             loss_sum += float(loss.detach()) * bool(weight)
             nll_sum += float(nll.detach()) * bool(weight)
         loss_sum, nll_sum = self.ranks.sum(loss_sum, nll_sum)
+        if not math.isfinite(loss_sum) and self.precision != "fp16":  # fp16: the scaler skips
+            raise XindaError(
+                f"update {self.progress.step + 1}: the training loss is {loss_sum}; stopped "
+                f"before the weights changed (checkpoints kept in {ckpt.checkpoint_dir(self.out)}"
+                "); lower train.lr or set train.clip_norm")
         self.scaler.unscale_(self.optimizer)
         if tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
@@ -342,7 +374,7 @@ class Trainer:
             improved = self.validate_and_keep_best()
             p.bad_epochs = 0 if improved else p.bad_epochs + 1
             patience = self.cfg.train.patience
-            if patience and p.bad_epochs >= patience:
+            if self.stopped_early():
                 log.info("early stopping: no improvement for %d epochs", patience)
                 stop = True
         stop = self.ranks.any(stop)[0]  # rank 0 validated: the others follow it
