@@ -147,6 +147,12 @@ def test_cli_exports_and_refuses_to_overwrite(exported, tmp_path):
         export_ctranslate2(model_dir, out)
     with pytest.raises(XindaError, match="may not hold the model"):
         export_ctranslate2(model_dir, model_dir.parent, force=True)
+    (tmp_path / "file").write_text("kept")  # before: tracebacks, after the conversion
+    with pytest.raises(XindaError, match="file: not a folder"):
+        export_ctranslate2(model_dir, tmp_path / "file", force=True)
+    with pytest.raises(XindaError, match="cannot write"):
+        export_ctranslate2(model_dir, tmp_path / "file" / "sub")
+    assert (tmp_path / "file").read_text() == "kept"
 
 
 @pytest.mark.parametrize(("model", "fragment"), [

@@ -279,12 +279,15 @@ def _length_sources(source: Path | None, hypotheses: Path, n_hyps: int) -> list[
 
 @command
 def average(model_dir: Path,
-            last: Annotated[int, typer.Option(help="average the newest N checkpoints")] = 5,
+            last: Annotated[int, typer.Option(help="average the newest N checkpoints",
+                                              min=1)] = 5,
             output: Annotated[Path | None, typer.Option("-o")] = None) -> None:
     """Average the parameters of the last N checkpoints into MODEL_DIR/averaged.safetensors."""
     from xinda.checkpoint import average_checkpoints, list_checkpoints
 
     paths = list_checkpoints(model_dir)[-last:]
+    if not paths:
+        raise XindaError(f"{model_dir}: no checkpoints to average")
     out = output or model_dir / "averaged.safetensors"
     average_checkpoints(paths, out)
     print(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")

@@ -103,3 +103,26 @@ def test_refusals(grown, xinda, one_line_error, tmp_path):
     (rnn / "config.yaml").write_text(yaml.safe_dump({"model": {"preset": "rnn-bahdanau"}}))
     with pytest.raises(XindaError, match="only a Transformer encoder can grow"):
         grow_model_dir(rnn, 2)
+
+
+@pytest.mark.parametrize("out", ["file", "file/sub"])
+def test_an_output_that_cannot_be_written_is_one_line(grown, xinda, one_line_error, tmp_path,
+                                                      out):
+    """Before: a FileExistsError / NotADirectoryError traceback."""
+    shallow, _, _ = grown
+    (tmp_path / "file").write_text("kept")
+    proc = xinda("grow", shallow, "--to", "2", "--out", tmp_path / out, ok=False)
+    one_line_error(proc, str(tmp_path / out), "cannot write")
+    assert (tmp_path / "file").read_text() == "kept"
+
+
+def test_average_needs_at_least_one_checkpoint(grown, xinda, one_line_error, tmp_path):
+    """Before: --last 0 averaged every checkpoint and --last -1 all but the oldest."""
+    shallow, _, _ = grown
+    for last in ("0", "-1"):
+        proc = xinda("average", shallow, "--last", last, "-o", tmp_path / "avg.safetensors",
+                     ok=False)
+        assert proc.returncode != 0 and "--last" in proc.stderr
+    assert not (tmp_path / "avg.safetensors").exists()
+    one_line_error(xinda("average", tmp_path / "nothing", ok=False),
+                   f"{tmp_path / 'nothing'}: no checkpoints")

@@ -40,6 +40,7 @@ from xinda.decode.translator import Translator
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
 from xinda.models.transformer import TransformerConfig
+from xinda.utils import check_writable, write_errors
 
 INSTALL_HINT = "pip install 'xinda[export]'"
 SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
@@ -94,6 +95,9 @@ def _check_output(model_dir: Path, out_dir: Path, force: bool) -> None:
         raise XindaError(f"{out_dir}: the output folder may not hold the model directory")
     if out_dir.exists() and not force:
         raise XindaError(f"{out_dir}: already exists (--force replaces it)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise XindaError(f"{out_dir}: not a folder (the export is a folder)")
+    check_writable(out_dir)  # its parent folder, made if missing
 
 
 def _spm_files(model_dir: Path) -> list[Path]:
@@ -118,17 +122,18 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path,
     converter = spec_module.XindaConverter(
         translator.model, vocabulary_tokens(vocabs.src), vocabulary_tokens(vocabs.tgt),
         _spm_files(model_dir))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    with write_errors(out_dir):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         try:
             converter.convert(str(tmp), quantization=quantization, force=True)
         except ValueError as err:  # e.g. an unknown quantization type
             raise XindaError(f"CTranslate2 conversion failed: {' '.join(str(err).split())}"
                              ) from None
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        with write_errors(out_dir):
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

@@ -28,7 +28,7 @@ from xinda.models.registry import build_model, resolve
 from xinda.models.transformer.grow import grow_encoder, grown_config
 from xinda.train.curves import CsvLog
 from xinda.train.trainer import Progress
-from xinda.utils import atomic_save
+from xinda.utils import atomic_save, check_writable, write_errors
 
 log = logging.getLogger("xinda")
 
@@ -75,6 +75,7 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
         raise XindaError(f"--out {out}: must differ from the model directory")
     if ckpt.list_checkpoints(out):
         raise XindaError(f"{out}: already holds checkpoints; choose another --out")
+    check_writable(out, folder=True)
 
     manifest = load_manifest(model_dir)
     vocab = load_vocabularies(model_dir, manifest).info
@@ -86,16 +87,18 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
     progress.best, progress.bad_epochs = -math.inf, 0
     progress.lr_resets = [*progress.lr_resets, progress.step]
 
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(grown_experiment(cfg, new_cfg, out), out / "config.yaml")
-    for name in (*sorted(set(manifest["spm"].values())), "manifest.json", "log.csv"):
-        if (model_dir / name).is_file():
-            atomic_save(out / name, lambda tmp, src=model_dir / name: shutil.copyfile(src, tmp))
-    if (out / "log.csv").is_file():
-        CsvLog(out / "log.csv").truncate_after(progress.step)
-    new_state = {"optimizer": None, "scaler": torch.amp.GradScaler("cpu").state_dict(),
-                 "rng": state["rng"], "progress": asdict(progress)}
-    ckpt.save_checkpoint(out, progress.step, new, new_state, cfg.train.keep_last)
+    with write_errors(out):
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(grown_experiment(cfg, new_cfg, out), out / "config.yaml")
+        for name in (*sorted(set(manifest["spm"].values())), "manifest.json", "log.csv"):
+            if (model_dir / name).is_file():
+                atomic_save(out / name,
+                            lambda tmp, src=model_dir / name: shutil.copyfile(src, tmp))
+        if (out / "log.csv").is_file():
+            CsvLog(out / "log.csv").truncate_after(progress.step)
+        new_state = {"optimizer": None, "scaler": torch.amp.GradScaler("cpu").state_dict(),
+                     "rng": state["rng"], "progress": asdict(progress)}
+        ckpt.save_checkpoint(out, progress.step, new, new_state, cfg.train.keep_last)
     log.info("grew the encoder %d -> %d layers at update %d (%s -> %s parameters)",
              old_cfg.encoder_layers, layers, progress.step, f"{old.num_parameters():,}",
              f"{new.num_parameters():,}")
