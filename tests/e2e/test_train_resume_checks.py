@@ -101,3 +101,21 @@ def test_resuming_an_early_stopped_run_trains_no_further(trained, xinda, tmp_pat
     newest = list_checkpoints(out)[-1]
     xinda("train", trained.prepared.config, "--resume", *args)
     assert list_checkpoints(out)[-1] == newest
+
+
+def test_a_sentence_longer_than_the_position_table_is_refused_before_training(
+        prepared, xinda, write_config, one_line_error, tmp_path):
+    """Before: a full epoch of training, then a ValueError traceback in validation and no
+    checkpoint. Valid and test sets are not length-filtered, so prepare keeps such a line."""
+    raw = dict(prepared.raw)
+    for side in ("words", "digits"):
+        lines = (prepared.root / "raw" / f"valid.{side}").read_text().splitlines()
+        long = " ".join(["seven"] * 40) if side == "words" else "7" * 40
+        (tmp_path / f"valid.{side}").write_text("\n".join([*lines, long]) + "\n")
+    raw["valid"] = str(tmp_path / "valid")
+    config = write_config(tmp_path / "config.yaml", raw, tmp_path / "bin", tmp_path / "model",
+                          model={"max_positions": 32})
+    xinda("prepare", config)
+    proc = xinda("train", config, ok=False)
+    one_line_error(proc, "valid source sentence 21 has", "model.max_positions 32")
+    assert not list_checkpoints(tmp_path / "model")

@@ -102,6 +102,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
         self.has_valid = "valid" in self.manifest["splits"]
+        for split in ("train", "valid")[:1 + self.has_valid]:
+            check_lengths(self.data_dir, split, self.model_cfg.max_positions)
         self.progress = Progress()
         self.valid_bleu = valid_bleu
         self.stop_signal: int | None = None  # a SIGINT/SIGTERM received while training
@@ -420,6 +422,21 @@ class Trainer:
         atomic_write_text(self.out / "train_stats.json", json.dumps(stats, indent=1))
         if (self.out / "log.csv").exists():
             plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
+
+
+def check_lengths(data_dir: Path, split: str, max_positions: int) -> None:
+    """Refuse, before training, a split with a sentence longer than the model's position table
+    (with the BOS or EOS it gets): it would stop training with an error at its batch."""
+    for side, arrays in zip(("source", "target"), load_split(data_dir, split)):
+        if not len(arrays):
+            continue
+        longest = int(arrays.lengths.argmax())
+        n = int(arrays.lengths[longest])
+        if n + 1 > max_positions:
+            raise XindaError(
+                f"{data_dir}: {split} {side} sentence {longest + 1} has {n} pieces, but "
+                f"model.max_positions {max_positions} takes at most {max_positions - 1}: raise "
+                "it, or prepare with a smaller data.max_len (data.long_pairs: truncate for valid)")
 
 
 @contextmanager
