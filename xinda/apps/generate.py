@@ -15,6 +15,7 @@ from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
 from xinda.decode.translator import Translation, Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, is_punctuation
+from xinda.utils import replace_control_chars
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,14 @@ def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[l
 def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
                    no_copy: bool = False, tone: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best second lines of each first line (``CoupletRules``); punctuation of
-    the first line is copied to the same positions. ``options``: decode settings (beam, ...)."""
-    lines = ["".join(up.split()) for up in ups]
+    the first line is copied to the same positions. ``options``: decode settings (beam, ...).
+    Whitespace and control characters are not part of a first line (the text pipeline drops
+    them); a first line of nothing else is a XindaError."""
+    lines = ["".join(replace_control_chars(up).split()) for up in ups]
     for i, line in enumerate(lines, start=1):
         if not line:
-            raise XindaError(f"first line {i} is empty: a couplet needs a first line")
+            raise XindaError(f"first line {i} is empty (or control characters only): a couplet "
+                             "needs a first line")
     table = CharacterTable.of(translator.tgt_vocab)
     rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
     _room_for(rules, len(lines), options)

@@ -6,7 +6,9 @@ ones) or as two, "▁" then "X". ``CharacterTable`` reads a row's tokens back as
 ``CharacterRule`` turns a rule about character positions ("the character at position i must be
 one of these") into the tokens allowed next: a one-piece character or "▁" at a character
 boundary, the second piece of a two-piece character after "▁", and EOS exactly when the line
-has its length in characters.
+has its length in characters. Each character is written one way only: in one piece where the
+vocabulary has "▁X" (as sentencepiece writes it), else in two, so that no text is written
+twice in an n-best list.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from xinda.data.vocab import Vocab
 from xinda.decode.constraints import Constraint
 from xinda.errors import XindaError
 from xinda.evaluate.generation import (
+    LEVEL,
+    OBLIQUE,
     is_han,
     is_punctuation,
+    last_han,
     level_oblique,
     repetition_pattern,
     rhyme_group,
@@ -157,8 +162,9 @@ class CharacterRule(Constraint):
         marks = _Marks()
         for row, (tokens, s) in enumerate(zip(prefix[:, 1:].tolist(), sentence.tolist())):
             written, open_ = self.table.read(tokens, self.fill)
-            if not open_ and len(written) >= self.chars(s):
-                marks.add(marks.on, row, [self.table.eos])
+            if len(written) >= self.chars(s):
+                # the line is complete: EOS; a dead (-inf) beam row that wrote "▁" more: nothing
+                marks.add(marks.on, row, [] if open_ else [self.table.eos])
                 continue
             choice = self.choices(s, written)
             if choice is None or isinstance(choice, Pool):
@@ -173,26 +179,27 @@ class CharacterRule(Constraint):
 
     def _tokens(self, choices: Collection[str], open_: bool) -> list[int]:
         """The tokens that write one of a few ``choices`` next."""
-        t, ids = self.table, []
-        if self.fill is not None and FILL in choices and not open_:
-            ids.append(self.fill)
-        # after "▁": the bare piece; at a boundary: "▁X", else "▁" to open a two-piece one
-        first = [t.bare.get(ch) if open_ else t.one.get(ch, t.start if ch in t.bare else None)
-                 for ch in choices]
-        return ids + [i for i in first if i is not None]
+        t, two = self.table, self.bare_only(frozenset(choices))
+        if open_:  # after "▁": the bare piece of a two-piece character
+            return [t.bare[ch] for ch in two]
+        # at a boundary: "▁X", or "▁" to open a two-piece one
+        ids = [t.one[ch] for ch in choices if ch in t.one] + [t.start] * bool(two)
+        return ids + [self.fill] * (self.fill is not None and FILL in choices)
 
     def _taken(self, pool: Pool | None, minus: Collection[str], open_: bool) -> list[int]:
         """The tokens to take off a pool's mask (None: any Han character): those of the
-        characters ``minus``, and for a ``Pool`` "▁" when no character it opens is left."""
+        characters ``minus``, and "▁" when no two-piece character of the pool is left."""
         t = self.table
-        pieces = t.bare if open_ else t.one  # "▁" stays: other characters start with it
+        pieces = t.bare if open_ else t.one
         ids = [pieces[ch] for ch in minus if ch in pieces]
-        if pool is not None and not open_ and self.bare_only(pool.chars) <= pool.minus:
+        chars = self.han if pool is None else pool.chars
+        if not open_ and self.bare_only(chars) <= set(minus):
             ids.append(t.start)
         return ids
 
     def bare_only(self, chars: frozenset[str]) -> frozenset[str]:
-        """The characters of ``chars`` written in two pieces only ("▁" + bare)."""
+        """The characters of ``chars`` written in two pieces ("▁" + bare): those without a
+        one-piece form."""
         if chars not in self._bare_only:
             t = self.table
             self._bare_only[chars] = frozenset(
@@ -205,12 +212,11 @@ class CharacterRule(Constraint):
         key = (chars, size, device)
         if key not in self._masks:
             t, pool = self.table, self.han if chars is None else chars
+            two = self.bare_only(pool)
             mask = torch.zeros(2, size, dtype=torch.bool)
             mask[0, [t.one[ch] for ch in pool if ch in t.one]] = True
-            bare = [t.bare[ch] for ch in pool if ch in t.bare]
-            mask[1, bare] = True
-            # "▁": any Han character, if one has a bare piece; a pool: if one needs it
-            mask[0, t.start] = bool(bare) if chars is None else bool(self.bare_only(chars))
+            mask[0, t.start] = bool(two)  # "▁" opens a two-piece character
+            mask[1, [t.bare[ch] for ch in two]] = True
             self._masks[key] = mask.to(device)
         return self._masks[key]
 
@@ -221,16 +227,17 @@ class CoupletRules(CharacterRule):
     elsewhere a Han character that repeats the one at position j exactly where the first line
     repeats position j (``repetition_pattern``) and is new otherwise; optionally never the
     first line's character at the same position (``no_copy``) and, when the first line ends
-    on an oblique tone, a level-tone last character (``tone``)."""
+    on an oblique tone, a level-tone last character (``tone``, ``tone_position``)."""
 
     def __init__(self, ups: Sequence[str], table: CharacterTable, fill: int,
                  no_copy: bool = False, tone: bool = False):
         super().__init__(table, fill)
         self.ups = list(ups)
         self.patterns = [repetition_pattern(up) for up in self.ups]
-        self.no_copy, self.tone = no_copy, tone
-        writable = [ch for ch in (*table.one, *table.bare) if is_han(ch)] if tone else []
-        self.level = frozenset(ch for ch in writable if level_oblique(ch) == "平")  # ``tone``
+        self.no_copy = no_copy
+        level = (ch for ch in self.han if level_oblique(ch) == LEVEL)
+        self.level = frozenset(level if tone else ())  # ``tone``
+        self.tone_at = [tone_position(up) if tone else None for up in self.ups]
 
     def chars(self, sentence: int) -> int:
         return len(self.ups[sentence])
@@ -242,13 +249,26 @@ class CoupletRules(CharacterRule):
         j = self.patterns[sentence][i]
         if j is not None:
             return {written[j]}
-        if self.tone and i == len(up) - 1 and level_oblique(up[i]) == "仄":
+        if i == self.tone_at[sentence]:
             return Pool(self.level, frozenset(written) | ({up[i]} if self.no_copy else set()))
         return None
 
     def excluded(self, sentence: int, written: list[str]) -> Collection[str]:
         up = self.ups[sentence]
         return {*written, up[len(written)]} if self.no_copy else set(written)
+
+
+def tone_position(up: str) -> int | None:
+    """Where a second line of ``up`` must have a level tone (上仄下平, as ``tone_rule_rate``
+    scores it): when the last Han character of ``up`` is oblique, the second line's last
+    character (its last Han one, at ``up``'s last position without punctuation), or the
+    first position of that character when it repeats an earlier one; else None."""
+    end = last_han(up)
+    if end is None or level_oblique(end) != OBLIQUE:
+        return None
+    last = max(i for i, ch in enumerate(up) if not is_punctuation(ch))
+    first = repetition_pattern(up)[last]
+    return last if first is None else first
 
 
 class PoemRules(CharacterRule):
