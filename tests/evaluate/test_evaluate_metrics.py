@@ -8,6 +8,7 @@ from xinda.evaluate.metrics import (
     corpus_scores,
     format_length_table,
     read_hyps_refs,
+    rouge_scores,
 )
 
 HYPS = ["the cat sat on the mat", "a dog barked loudly today", "hello world"]
@@ -114,11 +115,24 @@ def test_rouge_hand_computed_with_stemming_and_two_references() -> None:
     assert "nrefs:2" in r1.signature and "tok:words+stem" in r1.signature
 
 
-def test_rouge_chinese_counts_characters() -> None:
-    """Without 'zh' rouge-score's tokenizer drops every Han character (score 0); with it, 5 of
-    6 reference characters match in order: F1 = 2 * 1 * 5/6 / (1 + 5/6)."""
+@pytest.mark.parametrize("tokenize", ["zh", None])
+def test_rouge_chinese_counts_characters(tokenize) -> None:
+    """With 'zh', or no tokenizer and mostly CJK references, 5 of 6 reference characters
+    match in order: F1 = 2 * 1 * 5/6 / (1 + 5/6). Before: 0 without 'zh' (rouge-score's
+    tokenizer drops every Han character), even for identical text."""
     hyp, ref = ["春眠不觉晓"], ["春眠不觉晓处"]
-    assert corpus_scores(hyp, ref, metrics=("rouge",))[0].score == 0
-    r1, _, rl = corpus_scores(hyp, ref, metrics=("rouge",), tokenize="zh")
+    r1, _, rl = corpus_scores(hyp, ref, metrics=("rouge",), tokenize=tokenize)
     assert r1.score == pytest.approx(100 * 10 / 11) and rl.score == r1.score
     assert "tok:char" in r1.signature
+    assert rouge_scores(["春风又绿江南岸"], ["春风又绿江南岸"], tokenize)[0].score == 100
+
+
+def test_rouge_of_words_it_cannot_read_is_a_one_line_error() -> None:
+    """Before: 0 for identical Cyrillic text, without a word."""
+    refs = [["the cat", "Привет мир"], ["a cat", "мир"]]
+    with pytest.raises(XindaError, match=r"^ROUGE: reference line 2 \(stream 1\) has no "
+                                         r"\[a-z0-9\] word .*--tokenize char$"):
+        rouge_scores(["the cat", "Привет мир"], refs)
+    assert rouge_scores(["Привет мир"], ["Привет мир"], "char")[0].score == 100
+    assert rouge_scores(["the cat"], ["the cat sat"])[0].score > 0  # English words as before
+    assert rouge_scores(["the cat", "..."], ["the cat", "—"])[0].score == 50  # no letters

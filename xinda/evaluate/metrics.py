@@ -89,8 +89,8 @@ def corpus_scores(
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
     ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None = sacreBLEU's default) and
-    to ROUGE ("zh" or "char": characters; else rouge-score's English words). "rouge" gives
-    three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
+    to ROUGE ("zh" or "char": characters; None: characters for mostly CJK references; else
+    rouge-score's English words). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
     """
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
@@ -123,10 +123,15 @@ class _Characters:
 def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -> list[Score]:
     """ROUGE-1/2/L F1 x 100 (Lin 2004), the mean over sentences; with several reference
     streams, each sentence's F1 is its mean over the references. Words: rouge-score's default
-    tokenizer (lowercased runs of [a-z0-9]) with Porter stemming; "zh"/"char": characters."""
+    tokenizer (lowercased runs of [a-z0-9]) with Porter stemming; "zh"/"char", or ``tokenize``
+    None and mostly CJK references (``is_mostly_cjk``): characters. A reference with letters
+    or digits but no such word (another script) is a XindaError."""
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
-    chars = tokenize in ("zh", "char")
+    chars = tokenize in ("zh", "char") or (
+        tokenize is None and is_mostly_cjk([line for stream in streams for line in stream]))
+    if not chars:
+        _check_words(streams)
     words = tokenizers.DefaultTokenizer(use_stemmer=True)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=_Characters() if chars else words)
     totals = dict.fromkeys(ROUGE_TYPES, 0.0)
@@ -139,6 +144,18 @@ def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -
                  f"rouge-score:{version('rouge-score')}")
     n = len(hyps) * len(streams)
     return [Score(name, 100 * totals[key] / n, signature) for key, name in ROUGE_TYPES.items()]
+
+
+def _check_words(streams: list[list[str]]) -> None:
+    """A XindaError for the first reference with letters or digits of which rouge-score's
+    tokenizer keeps no word (e.g. Cyrillic): it would score 0 whatever the hypothesis."""
+    words = tokenizers.DefaultTokenizer()  # stemming never empties a word: not needed here
+    for k, stream in enumerate(streams):
+        for i, ref in enumerate(stream, start=1):
+            if any(ch.isalnum() for ch in ref) and not words.tokenize(ref):
+                where = f"reference line {i}" + (f" (stream {k + 1})" if len(streams) > 1 else "")
+                raise XindaError(f"ROUGE: {where} has no [a-z0-9] word to count ({ref[:30]!r}): "
+                                 "score this language with --tokenize char")
 
 
 # --- BLEU by source length ---------------------------------------------------------------------
