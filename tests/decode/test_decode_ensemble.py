@@ -8,6 +8,7 @@ import torch
 from xinda.config import DecodeConfig
 from xinda.decode.ensemble import Ensemble
 from xinda.decode.search import beam_search, greedy_search
+from xinda.errors import XindaError
 
 TRANSFORMER = {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
                "encoder_layers": 1, "decoder_layers": 2, "tie_output": False}
@@ -63,3 +64,26 @@ def test_different_models_change_the_result(make_model, make_src):
     together = beam_search(Ensemble([a, b]), src, DEC)
     assert [[h.tokens for h in r] for r in together] != \
         [[h.tokens for h in r] for r in beam_search(a, src, DEC)]
+
+
+def test_attention_only_when_every_member_has_it(make_model, make_src):
+    """Before: a member without attention first gave None silently, last a TypeError."""
+    with_attention = make_model(TRANSFORMER, eos_bias=1.0)
+    without = make_model({**RNN, "attention": "none"})
+    src = make_src([6, 3])
+    greedy = DecodeConfig(max_len_a=0.0, max_len_b=4)
+    for members in ([with_attention, without], [without, with_attention]):
+        ensemble = Ensemble(members)
+        assert not ensemble.has_attention
+        assert all(h.attention is None for h in greedy_search(ensemble, src, greedy, True))
+        assert all(h.attention is None for row in beam_search(ensemble, src, DEC, True)
+                   for h in row)
+    both = Ensemble([with_attention, make_model(RNN)])
+    assert both.has_attention
+    assert all(h.attention is not None for h in greedy_search(both, src, greedy, True))
+
+
+def test_members_with_other_vocabularies_are_refused(make_model, make_vocab):
+    other = make_model(TRANSFORMER, vocab=make_vocab(tgt_size=40, joint=False))
+    with pytest.raises(XindaError, match=r"^ensemble model 2 has other vocabularies .*tgt_size=40"):
+        Ensemble([make_model(TRANSFORMER), other])

@@ -93,6 +93,16 @@ def test_max_lengths_is_a_times_len_plus_b_capped():
     assert max_lengths(torch.tensor([0]), 0.0, 0, 100).tolist() == [1]
 
 
+@pytest.mark.parametrize("a", [1e19, 1e300, math.inf])
+def test_a_huge_max_len_a_is_the_cap_not_an_overflow(a, tiny_model, make_src):
+    """Before: a * |x| + b overflowed int64 to its minimum, clamped to 1: every output empty."""
+    assert max_lengths(torch.tensor([3, 1]), a, 10, 100).tolist() == [100, 100]
+    model = tiny_model(0, eos_bias=-1e4, max_positions=16)
+    if math.isfinite(a):
+        dec = DecodeConfig(max_len_a=a, max_len_b=0)
+        assert len(greedy_search(model, make_src([5]), dec)[0].tokens) == 14
+
+
 # --- greedy vs beam -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

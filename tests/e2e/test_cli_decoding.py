@@ -13,7 +13,7 @@ from xinda.decode.translator import UNSATISFIABLE, Translator
 from xinda.utils import read_lines
 
 NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
-PREFIXES = ["9", "", "12", "5", "", "70"]  # line 3 is empty: its prefix is ignored
+PREFIXES = ["9", "", "12", "5", "", "70"]  # input 3 (0-based) is empty: no output has its prefix
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,8 @@ def test_bans_and_ngram_blocking_hold(trained, files, xinda):
 
 def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda):
     """Prefixes "12" and "70" are three pieces ("▁", "1", "2"): an exact length of 2 cannot
-    hold them; "9" is two and is the whole output."""
+    hold them; "9" is two and is the whole output. The empty line 4 cannot have its two
+    pieces either (an empty input has no output at all)."""
     folder, src = files
     proc = translate(xinda, trained, folder, "--prefix", folder / "prefix.txt",
                      "--exact-length", "2")
@@ -105,7 +106,7 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     assert out[0] == "9" and out[2] == out[5] == ""
     assert out[1] and out[4]
     warnings = [line for line in proc.stderr.splitlines() if UNSATISFIABLE in line]
-    assert warnings == [f"line 3: {UNSATISFIABLE}", f"line 6: {UNSATISFIABLE}"]
+    assert warnings == [f"line {n}: {UNSATISFIABLE}" for n in (3, 4, 6)]
 
 
 @pytest.mark.parametrize(("args", "fragments"), [

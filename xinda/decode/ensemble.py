@@ -42,12 +42,17 @@ class EnsembleEncoderOut(EncoderOut):
 
 
 class Ensemble(Seq2SeqModel):
-    """``models`` decoding together; the config of the first (max_positions: the smallest)."""
+    """``models`` decoding together; the config of the first (max_positions: the smallest).
+    They must have the same vocabularies (sizes and special ids)."""
 
     def __init__(self, models: Sequence[Seq2SeqModel]):
         super().__init__()
         if not models:
             raise XindaError("an ensemble needs at least one model")
+        for i, model in enumerate(models[1:], start=2):
+            if model.vocab != models[0].vocab:
+                raise XindaError(f"ensemble model {i} has other vocabularies ({model.vocab}) "
+                                 f"than model 1 ({models[0].vocab})")
         self.members = nn.ModuleList(models)
         self.vocab = models[0].vocab
         limit = min(m.cfg.max_positions for m in models)
@@ -55,6 +60,7 @@ class Ensemble(Seq2SeqModel):
 
     @property
     def has_attention(self) -> bool:
+        """Only when every member returns source attention (``decode`` averages them)."""
         return all(m.has_attention for m in self.members)
 
     def encode(self, src: Tensor) -> EnsembleEncoderOut:
@@ -63,7 +69,7 @@ class Ensemble(Seq2SeqModel):
     def decode(self, prev: Tensor, enc: EnsembleEncoderOut, state: dict | None = None,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """prev (B, T) -> the mean log-probabilities (B, T, V) of the members and, when asked,
-        their mean source attention (B, T, S)."""
+        their mean source attention (B, T, S): None unless every member returns one."""
         states = None if state is None else state.setdefault("members", [{} for _ in
                                                                          self.members])
         logps, attns = [], []
@@ -72,7 +78,8 @@ class Ensemble(Seq2SeqModel):
                                         need_weights)
             logps.append(torch.log_softmax(logits.float(), dim=-1))
             attns.append(attn)
-        mean_attn = None if attns[0] is None else torch.stack(attns).mean(0)
+        every = all(attn is not None for attn in attns)
+        mean_attn = torch.stack(attns).mean(0) if every else None
         return torch.stack(logps).mean(0), mean_attn
 
     def reorder_state(self, state: dict, order: Tensor) -> None:

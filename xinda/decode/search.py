@@ -47,8 +47,9 @@ def coverage_penalty(attention: Tensor, src_keep: Tensor, beta: float) -> float:
 
 
 def max_lengths(src_len: Tensor, a: float, b: int, limit: int) -> Tensor:
-    """Per-sentence output limit a * |x| + b, capped by the model's position table."""
-    return (src_len.float() * a + b).long().clamp(min=1, max=limit)
+    """Per-sentence output limit a * |x| + b, capped by the model's position table (in
+    floating point, so that a huge ``a`` is the cap, not an integer overflow)."""
+    return (src_len.float() * a + b).clamp(min=1, max=limit).long()
 
 
 def _step_logprobs(model: Seq2SeqModel, last: Tensor, enc, state: dict, need_attention: bool,

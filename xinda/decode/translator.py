@@ -2,9 +2,11 @@
 
 Input lines go through the model directory's own pre-processing (normalisation,
 pre-tokenisation, sentencepiece), are batched by length, decoded, restored to input order and
-detokenised. N lines in always give N lines out: an empty line translates to an empty line, and
-an over-long line is truncated (with a warning), never dropped. A line for which no output
-satisfies the caller's constraints gets one Translation with ``text=""`` and ``error`` set.
+detokenised. N lines in always give N lines out: an empty line translates to empty lines (one per
+n-best entry or sample), and an over-long line is truncated (with a warning) to what the model's position
+table holds, never dropped. A line for which no output satisfies the caller's constraints (an
+empty line too, when they ask for a non-empty output) gets one Translation with ``text=""`` and
+``error`` set.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from xinda.models.registry import build_model
 
 log = logging.getLogger("xinda")
 UNSATISFIABLE = "no output satisfies the constraints"
+FORMATS = ("text", "pieces")  # input_format / output_format
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")  # need decode.sampling
 
 
 @dataclass
@@ -94,15 +98,20 @@ class Translator:
         text = self.src_text.preprocess(line)
         return self.src_vocab.encode(text) if text else []
 
+    def source_limit(self, dec: DecodeConfig) -> int:
+        """The source tokens (EOS not counted) a line keeps: ``dec.max_input_len``, and no more
+        than the model's position table (an ensemble's smallest) holds with the EOS."""
+        return min(dec.max_input_len, self.model.cfg.max_positions - 1)
+
     def encode_source(self, line: str, pieces_in: bool,
                       limit: int | None = None) -> list[int] | None:
         """One input line -> source ids + EOS, truncated to ``limit`` tokens (default
-        ``decode.max_input_len``); None for a line with nothing left to translate after
-        cleaning (blank, or control characters only)."""
+        ``source_limit`` of the model's decode settings); None for a line with nothing left to
+        translate after cleaning (blank, or control characters only)."""
         ids = self.source_ids(line, pieces_in)
         if not ids:
             return None
-        limit = limit or self.cfg.decode.max_input_len
+        limit = limit or self.source_limit(self.cfg.decode)
         if len(ids) > limit:
             log.warning("input of %d tokens truncated to %d: %.40s...", len(ids), limit, line)
             ids = ids[:limit]
@@ -115,17 +124,21 @@ class Translator:
         """Translate ``lines``; returns, for each line, its n-best list (best first).
 
         ``options`` override fields of the model's ``DecodeConfig`` (beam, alpha, coverage,
-        nbest, max_len_a, max_len_b, batch_size, precision). input/output_format "pieces"
-        reads/writes sentencepiece pieces. ``constraints`` index sentences by their position in
-        ``lines`` (see ``constraints_for``); a line no output satisfies gets one Translation
-        with ``error`` set. ``sampler`` draws ``sampler.n`` samples per line instead of beam
-        search (ranked by score; reproducible for the same lines, batch size and seed); without
-        it, the model's ``decode.sampling`` settings decide.
+        nbest, max_len_a, max_len_b, batch_size, precision; the sampling ones only with
+        sampling on). input/output_format "pieces" reads/writes sentencepiece pieces.
+        ``constraints`` index sentences by their position in ``lines`` (see
+        ``constraints_for``); a line no output satisfies gets one Translation with ``error``
+        set. ``sampler`` draws ``sampler.n`` samples per line instead of beam search (ranked by
+        score; reproducible for the same lines, batch size and seed); without it, the model's
+        ``decode.sampling`` settings decide.
         """
+        pieces_in = check_format("input_format", input_format) == "pieces"
+        check_format("output_format", output_format)
         dec = self.decode_settings(options)
+        check_sampling_options(options, dec, sampler)
         sampling = sampler or SamplingConfig.from_decode(dec)
-        pieces_in = input_format == "pieces"
-        sources = [self.encode_source(line, pieces_in, dec.max_input_len) for line in lines]
+        limit = self.source_limit(dec)
+        sources = [self.encode_source(line, pieces_in, limit) for line in lines]
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         generator = None if sampling is None else sampling.generator(self.device)
@@ -140,22 +153,27 @@ class Translator:
                     Translation("", float("-inf"), self._source_pieces(sources[i]), [],
                                 error=UNSATISFIABLE)]
         for i, s in enumerate(sources):
-            if s is None:  # empty line in -> empty line out
-                results[i] = [Translation("", 0.0, [], [])] * (sampling.n if sampling else
-                                                               dec.nbest)
-            elif len(s) > dec.max_input_len:  # at the limit (+ EOS): was it cut?
+            if s is None:  # empty line in -> empty lines out (as many as n-best or samples)
+                results[i] = empty_translations(i, constraints,
+                                                sampling.n if sampling else dec.nbest)
+            elif len(s) > limit:  # at the limit (+ EOS): was it cut?
                 full = len(self.source_ids(lines[i], pieces_in))
-                if full > dec.max_input_len:
+                if full > limit:
                     results[i] = [replace(t, truncated_from=full) for t in results[i]]
         return results
 
     def decode_settings(self, options: dict) -> DecodeConfig:
         """The model's ``DecodeConfig`` with ``options`` applied; a bad value is a one-line
-        XindaError naming the setting (``decode.beam: ...``)."""
+        XindaError naming the setting (``decode.beam: ...``), and so is an ``nbest`` beam
+        search cannot find (more than ``beam``)."""
         try:
-            return DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
+            dec = DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
         except ValidationError as err:
             raise XindaError(format_validation_error(err, "", "decode")) from None
+        if not dec.sampling and dec.nbest > dec.beam:
+            raise XindaError(f"decode.nbest: {dec.nbest} is more than decode.beam {dec.beam} "
+                             "(beam search finds at most beam hypotheses): raise the beam")
+        return dec
 
     def translate_text(self, lines: list[str], **options) -> list[str]:
         """Convenience: the best translation of each line as a string."""
@@ -203,6 +221,7 @@ class Translator:
         input_format "pieces"; "" = none), ``ban`` (target pieces or words that are one
         piece; blanks ignored), no repeated n-grams of that size (0: off), no copied source
         tokens, an exact output length."""
+        check_format("input_format", input_format)
         if no_repeat_ngram < 0 or (exact_length or 0) < 0:
             raise XindaError("the n-gram size and exact length must be >= 0, got "
                              f"{no_repeat_ngram} and {exact_length}")
@@ -257,3 +276,31 @@ class Translator:
             text = self.tgt_text.postprocess(self.tgt_vocab.decode(hyp.tokens))
         attn = None if hyp.attention is None else hyp.attention[:, : len(src_ids)].cpu()
         return Translation(text, hyp.score, self._source_pieces(src_ids), pieces, attn)
+
+
+def check_format(name: str, value: str) -> str:
+    """``value`` of ``input_format``/``output_format`` (``name``), or a XindaError."""
+    if value not in FORMATS:
+        raise XindaError(f"{name} must be {' or '.join(map(repr, FORMATS))}, got {value!r}")
+    return value
+
+
+def check_sampling_options(options: dict, dec: DecodeConfig,
+                           sampler: SamplingConfig | None) -> None:
+    """A XindaError for sampling settings among ``options`` that would be ignored: without
+    sampling, or beside a ``sampler`` (which has its own)."""
+    given = ", ".join(name for name in SAMPLING_ONLY if name in options)
+    if given and sampler is not None:
+        raise XindaError(f"{given}: set them on the sampler, not as options, when one is given")
+    if given and not dec.sampling:
+        raise XindaError(f"{', '.join(SAMPLING_ONLY[:-1])} and {SAMPLING_ONLY[-1]} need "
+                         f"sampling=True (given: {given})")
+
+
+def empty_translations(line: int, constraints: Sequence[Constraint], n: int
+                       ) -> list[Translation]:
+    """The outputs of an empty input line: ``n`` empty ones, or one without output
+    (``UNSATISFIABLE``) when one of the ``constraints`` asks that line for a token or more."""
+    if any(c.min_length(line) for c in constraints):
+        return [Translation("", float("-inf"), [], [], error=UNSATISFIABLE)]
+    return [Translation("", 0.0, [], [])] * n

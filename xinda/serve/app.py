@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from xinda import __version__
 from xinda.apps.generate import PoemPrompt
+from xinda.decode.translator import SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
 from xinda.serve.errors import ApiError, install_error_handlers
@@ -51,7 +52,6 @@ log = logging.getLogger("xinda")
 STATIC = Path(__file__).with_name("static")
 ENDPOINTS = {"/", "/health", "/metrics", "/docs", "/openapi.json", "/v1/models",
              "/v1/translate", "/v1/couplet", "/v1/poem"}
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 413, 415, 422, 429)}
 

@@ -60,7 +60,7 @@ RUNNERS: dict[str, Callable[[Translator, dict, Sequence[Any]], list]] = {
 def cost(translator: Translator, kind: str, inputs: Sequence[Any]) -> int:
     """The source tokens of a job's inputs (for the batch's token budget)."""
     if kind == "translate":
-        limit = translator.cfg.decode.max_input_len  # longer sources are cut
+        limit = translator.source_limit(translator.cfg.decode)  # longer sources are cut
         return sum(min(len(translator.source_ids(line, False)), limit) + 1 for line, _ in inputs)
     if kind == "poem":
         return sum(len(source_text(p.form, p.keywords or tuple(p.acrostic))) + 1 for p in inputs)
@@ -71,7 +71,8 @@ def translate_work(translator: Translator, options: dict, inputs: Sequence[Line]
     """Decoder row-steps a translate job may take: for each line, the rows its search decodes
     (beam, or samples) x its output length limit, as ``search._output_limits`` sets it."""
     dec = translator.decode_settings(options["decode"])
-    sizes = torch.tensor([min(len(translator.source_ids(line, False)), dec.max_input_len)
+    limit = translator.source_limit(dec)
+    sizes = torch.tensor([min(len(translator.source_ids(line, False)), limit)
                           for line, _ in inputs])  # source tokens; + EOS below
     cap = translator.model.cfg.max_positions - 1
     limits = max_lengths(sizes + 1, dec.max_len_a, dec.max_len_b, cap)

@@ -1,0 +1,137 @@
+"""The Translator on tiny random models with a real sentencepiece vocabulary: what it does
+with sources too long for the model, empty lines, and options it cannot honour."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from xinda.config import DataConfig, ExperimentConfig
+from xinda.data.manifest import Vocabularies
+from xinda.data.prepare import train_spm
+from xinda.data.text import TextPipeline
+from xinda.data.vocab import Vocab
+from xinda.decode.ensemble import Ensemble
+from xinda.decode.sampling import SamplingConfig
+from xinda.decode.translator import UNSATISFIABLE, Translator
+from xinda.errors import XindaError
+from xinda.serve import tasks
+
+WORDS = ["a", "the", "house", "dog", "cat", "red", "blue", "street", "runs", "sits", "in", "on",
+         "with", "man", "woman"]
+TRANSFORMER = {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
+               "encoder_layers": 1, "decoder_layers": 1, "tie_output": False}
+LOCATION_RNN = {"arch": "rnn", "embed_dim": 8, "hidden_dim": 8, "encoder_layers": 1,
+                "decoder_layers": 1, "dropout": 0.0, "attention": "location"}
+SHORT = {"max_len_a": 0.0, "max_len_b": 3}  # outputs of a few tokens: quick
+LONG = " ".join(["house"] * 60)
+
+
+@pytest.fixture(scope="module")
+def vocabs(tmp_path_factory) -> Vocabularies:
+    """One joint sentencepiece model of a few English words, no pre-tokenisation."""
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
+    path = tmp_path_factory.mktemp("vocab") / "spm.model"
+    path.write_bytes(train_spm(lines, DataConfig(vocab_size=60, train="words")))
+    text = TextPipeline("NFKC", False, "none", "en")
+    return Vocabularies(text, text, Vocab(path), Vocab(path), True)
+
+
+@pytest.fixture
+def translator(vocabs, make_model):
+    """``translator(*specs, decode=None)``: a Translator of the models of ``specs`` (an
+    ensemble for several) with ``decode`` settings."""
+    def make(*specs: dict, decode: dict | None = None) -> Translator:
+        models = [make_model(spec, seed, vocab=vocabs.info) for seed, spec in enumerate(specs)]
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        cfg = ExperimentConfig.model_validate({"model": specs[0], "decode": decode or {}})
+        return Translator(model, cfg, vocabs)
+    return make
+
+
+@pytest.mark.parametrize("specs", [
+    [{**TRANSFORMER, "max_positions": 16}],
+    [{**LOCATION_RNN, "max_positions": 16}],
+    [{**TRANSFORMER, "max_positions": 64}, {**TRANSFORMER, "max_positions": 16}],
+], ids=["transformer", "rnn-location-attention", "ensemble"])
+def test_a_source_is_cut_to_the_position_table(translator, specs):
+    """Before: ValueError "sequence of 61 tokens exceeds max_positions" for the whole call
+    (decode.max_input_len is 250; the position table, an ensemble's smallest, holds 16)."""
+    tr = translator(*specs)
+    full = len(tr.source_ids(LONG, pieces_in=False))
+    assert full > 16
+    short, long = tr.translate(["a short line", LONG], beam=2, **SHORT)
+    assert short[0].truncated_from is None
+    assert long[0].truncated_from == full and len(long[0].source_pieces) == 15  # + EOS = 16
+    assert tasks.cost(tr, "translate", [(LONG, None)]) == 16
+    work = tasks.translate_work(tr, {"decode": {"beam": 2, **SHORT}, "constraints": {}},
+                                [(LONG, None)])
+    assert work == 2 * 3
+
+
+def test_max_input_len_still_cuts_below_the_table(translator):
+    tr = translator(TRANSFORMER, decode={"max_input_len": 5})
+    [best] = tr.translate([LONG], **SHORT)[0]
+    assert len(best.source_pieces) == 5 and best.truncated_from > 5
+
+
+def test_an_empty_line_that_must_have_an_output_has_none(translator):
+    """Before: the empty line came back as ("", 0.0) with no error, breaking its prefix and
+    exact length."""
+    tr = translator(TRANSFORMER)
+    lines = ["", "a house", " \x00 "]
+    constraints = tr.constraints_for(lines, prefixes=["house"] * 3, exact_length=3)
+    empty, real, blank = tr.translate(lines, constraints=constraints, beam=2, **SHORT)
+    assert [(t.text, t.score, t.error) for t in empty] == [("", -math.inf, UNSATISFIABLE)]
+    assert blank == empty
+    assert real[0].error is None and len(real[0].target_pieces) == 3
+    free = tr.translate(lines, constraints=tr.constraints_for(lines, ban=["house"]), **SHORT)
+    assert [(t.text, t.score, t.error) for t in free[0]] == [("", 0.0, None)]
+
+
+def test_an_empty_line_has_as_many_outputs_as_the_other_lines(translator):
+    """n-best or samples: every line gets the same number of rows, empty ones included."""
+    tr = translator(TRANSFORMER)
+    empty, real = tr.translate(["", "a house"], beam=3, nbest=3, **SHORT)
+    assert len(empty) == len(real) == 3 and {t.text for t in empty} == {""}
+    assert len(tr.translate([""], sampling=True, samples=3, **SHORT)[0]) == 3
+
+
+def test_nbest_above_beam_is_refused(translator):
+    """Before: fewer hypotheses than asked for, without a word."""
+    tr = translator(TRANSFORMER)
+    with pytest.raises(XindaError, match=r"^decode.nbest: 4 is more than decode.beam 2 "):
+        tr.translate(["a house"], beam=2, nbest=4)
+    assert len(tr.translate(["a house"], sampling=True, samples=2, beam=1, nbest=4,
+                            **SHORT)[0]) == 2  # sampling: nbest does not apply
+
+
+@pytest.mark.parametrize("options", [{"input_format": "piece"}, {"output_format": "Pieces"}])
+def test_unknown_formats_are_refused(translator, options):
+    """Before: "piece" was silently read as text."""
+    tr = translator(TRANSFORMER)
+    (name, value), = options.items()
+    with pytest.raises(XindaError, match=f"^{name} must be 'text' or 'pieces', got '{value}'$"):
+        tr.translate(["▁a ▁house"], **options)
+    with pytest.raises(XindaError, match="^input_format must be"):
+        tr.constraints_for(["a"], input_format="piece")
+
+
+def test_sampling_settings_need_sampling(translator):
+    """Before: ignored, and the beam search output returned as if sampled."""
+    tr = translator(TRANSFORMER)
+    with pytest.raises(XindaError, match=r"need sampling=True \(given: temperature, seed\)$"):
+        tr.translate(["a house"], temperature=0.5, seed=3)
+    with pytest.raises(XindaError, match=r"^samples: set them on the sampler"):
+        tr.translate(["a house"], sampler=SamplingConfig(n=2), samples=3)
+    assert len(tr.translate(["a house"], sampling=True, samples=3, seed=3, **SHORT)[0]) == 3
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (math.nan, "finite number"), (math.inf, "finite number"), (-1.0, "greater than or equal")])
+def test_max_len_a_must_be_finite_and_non_negative(translator, value, message):
+    with pytest.raises(XindaError, match=f"^decode.max_len_a: .*{message}"):
+        translator(TRANSFORMER).translate(["a house"], max_len_a=value)
