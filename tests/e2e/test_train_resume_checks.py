@@ -119,3 +119,15 @@ def test_a_sentence_longer_than_the_position_table_is_refused_before_training(
     proc = xinda("train", config, ok=False)
     one_line_error(proc, "valid source sentence 21 has", "model.max_positions 32")
     assert not list_checkpoints(tmp_path / "model")
+
+
+def test_another_runs_weights_without_checkpoints_are_not_overwritten(trained, xinda,
+                                                                      one_line_error, model):
+    """A finished run whose checkpoints were deleted to save space keeps its best weights."""
+    shutil.rmtree(model / "checkpoints")
+    before = files(model)
+    for resume_flag in ([], ["--resume"]):
+        proc = xinda("train", trained.prepared.config, *resume_flag, "--set",
+                     f"train.out_dir={model}", ok=False)
+        one_line_error(proc, str(model), "best.safetensors", "no checkpoint")
+    assert files(model) == before

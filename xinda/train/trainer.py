@@ -121,6 +121,11 @@ class Trainer:
         if found and not resume:
             raise XindaError(f"{self.out}: already holds checkpoints; use --resume to continue "
                              "or choose another train.out_dir")
+        weights = [n for n in ("best.safetensors", "averaged.safetensors")
+                   if (self.out / n).is_file()]
+        if weights and not found:  # a new run would overwrite another run's weights
+            raise XindaError(f"{self.out}: holds trained weights ({', '.join(weights)}) but no "
+                             "checkpoint to continue from; choose another train.out_dir")
         if found:
             check_same_run(self.out, self.cfg, self.data_dir, self.manifest)
 
