@@ -66,7 +66,8 @@ class TrainConfig(Strict):
     max_steps: int = Field(0, ge=0)  # 0 = no limit
     max_seconds: float = Field(0, ge=0)  # training-loop wall-clock budget; 0 = no limit
     optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = Field(5e-4, gt=0)  # peak learning rate
+    # peak learning rate; for noam/noam_reset a scale: peak = lr * (d_model * warmup)^-0.5
+    lr: float = Field(5e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     momentum: float = 0.0  # SGD only

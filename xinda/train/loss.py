@@ -41,8 +41,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         loss = ((1.0 - epsilon) * nll + epsilon * -logp.mean(dim=-1)).masked_fill(~real, 0.0)
         ctx.save_for_backward(logp, target, real)
         ctx.epsilon, ctx.dtype = epsilon, logits.dtype
-        ctx.mark_non_differentiable(nll)
-        return loss.sum(), nll.masked_fill(~real, 0.0).sum()
+        nll_sum = nll.masked_fill(~real, 0.0).sum()
+        ctx.mark_non_differentiable(nll_sum)  # logged only, like the chunked path's
+        return loss.sum(), nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):

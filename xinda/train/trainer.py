@@ -109,6 +109,9 @@ class Trainer:
         self.stop_signal: int | None = None  # a SIGINT/SIGTERM received while training
         self.signal_time = 0.0  # when it came (time.monotonic())
         self.saved_step: int | None = None  # the update of the newest checkpoint
+        # loss, NLL, target tokens and seconds of the updates since the last log row (across
+        # epoch ends: every update is in exactly one row)
+        self.log_window: list[float] = [0.0, 0.0, 0, 0.0]
         if tc.valid_bleu and tc.run_validation and self.has_valid and valid_bleu is None:
             log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
                         "(xinda.evaluate.validation.validation_bleu builds one)")
@@ -290,7 +293,6 @@ class Trainer:
                    disable=not (tc.progress and self.ranks.is_main),
                    desc=f"epoch {p.epoch}", unit="upd", dynamic_ncols=True, leave=False,
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)
-        window = [0.0, 0, 0.0]  # loss sum, tokens, seconds since the last log row
         for start in range(p.batch, len(batches), per_update):
             t0 = time.perf_counter()
             self._clock = self._clock or t0
@@ -298,16 +300,18 @@ class Trainer:
             seconds = time.perf_counter() - t0
             p.batch = start + per_update
             p.tgt_tokens += ntok
-            window = [window[0] + loss, window[1] + ntok, window[2] + seconds]
+            window = self.log_window
+            window[:] = [window[0] + loss, window[1] + nll, window[2] + ntok, window[3] + seconds]
             bar.update(1)
             bar.set_postfix(loss=f"{loss / ntok:.3f}", tok_s=f"{ntok / seconds:.0f}",
                             lr=f"{self.lr:.2e}", refresh=False)
             if p.step % tc.log_every == 0:
                 if self.ranks.is_main:
                     self.csv.write(step=p.step, epoch=p.epoch, lr=self.lr,
-                                   train_loss=window[0] / window[1], train_nll=nll / ntok,
-                                   tok_per_s=window[1] / window[2], elapsed_s=p.train_seconds)
-                window = [0.0, 0, 0.0]
+                                   train_loss=window[0] / window[2],
+                                   train_nll=window[1] / window[2],
+                                   tok_per_s=window[2] / window[3], elapsed_s=p.train_seconds)
+                window[:] = [0.0, 0.0, 0, 0.0]
             if tc.save_every and p.step % tc.save_every == 0:
                 self.save()
             p.train_seconds += time.perf_counter() - t0  # loop wall clock, saving included
