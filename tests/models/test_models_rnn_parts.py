@@ -272,3 +272,23 @@ def test_local_m_window_follows_target_position_clipped_to_source():
     _, weights = attn(torch.zeros(1, 3, 2), memory, src_pad, torch.tensor([0, 1, 5]))
     expected = t([0.5, 0.5, 0, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0, 0], [0, 0.5, 0.5, 0, 0])
     torch.testing.assert_close(weights[0], expected)  # no Gaussian for local-m (eq. 7)
+
+
+def test_local_p_window_and_gaussian_unchanged_by_bf16_autocast():
+    """p_t and the source positions s must stay float32: in bf16, p = 207.4 rounds to 207
+    and positions above 256 collapse in pairs (257 -> 256), moving the window and Gaussian."""
+    attn = SourceAttention("dot", 2, 2, window="local-p", d=10, max_positions=1024)
+    S, target = 300, 207.4
+    with torch.no_grad():
+        attn.w_p.weight.copy_(torch.eye(2))
+        logit = math.log(target / S / (1 - target / S))  # sigmoid(logit) = p / S
+        attn.v_p.copy_(torch.tensor([logit / math.tanh(1.0), 0.0]))
+    query = torch.tensor([[[1.0, 0.0]]])
+    memory = torch.zeros(1, S, 2)  # equal scores: only the window and the Gaussian matter
+    src_pad = torch.zeros(1, S, dtype=torch.bool)
+    with torch.no_grad():
+        _, exact = attn(query, memory, src_pad, torch.arange(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, mixed = attn(query, memory, src_pad, torch.arange(1))
+    assert torch.equal(exact > 0, mixed > 0)  # same window: s in [p - D, p + D]
+    torch.testing.assert_close(mixed.float(), exact, atol=1e-3, rtol=1e-3)

@@ -58,21 +58,24 @@ def monotonic_position(steps: Tensor, src_len: Tensor) -> Tensor:
 
 def predictive_position(query: Tensor, w_p: Tensor, v_p: Tensor, src_len: Tensor) -> Tensor:
     """Local-p (Luong eq. 9): p_t = S * sigmoid(v_p^T tanh(W_p h_t)), S = each sentence's
-    source length. query (B, T, Hq), W_p (Hq, Hq), v_p (Hq,) -> p (B, T) in [0, S]."""
-    return src_len[:, None] * torch.sigmoid(torch.tanh(query @ w_p.T) @ v_p)  # (B, T)
+    source length. query (B, T, Hq), W_p (Hq, Hq), v_p (Hq,) -> p (B, T) in [0, S], in float32
+    even under autocast (bf16 would round p_t to whole positions beyond 128)."""
+    with torch.autocast(query.device.type, enabled=False):
+        logit = torch.tanh(query.float() @ w_p.float().T) @ v_p.float()
+    return src_len[:, None] * torch.sigmoid(logit)  # (B, T)
 
 
 def local_window(position: Tensor, width: int, d: int) -> Tensor:
     """Window [p_t - D, p_t + D]: position (B, T) -> bool (B, T, S), True inside."""
-    s = torch.arange(width, device=position.device, dtype=position.dtype)  # (S,)
-    return (s - position[..., None]).abs() <= d  # (B, T, S)
+    s = torch.arange(width, device=position.device, dtype=torch.float32)  # (S,)
+    return (s - position.float()[..., None]).abs() <= d  # (B, T, S)
 
 
 def gaussian(position: Tensor, width: int, d: int) -> Tensor:
     """Luong eq. 10 factor exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2 -> (B, T, S)."""
-    s = torch.arange(width, device=position.device, dtype=position.dtype)  # (S,)
+    s = torch.arange(width, device=position.device, dtype=torch.float32)  # (S,)
     sigma = d / 2
-    return torch.exp(-(s - position[..., None]) ** 2 / (2 * sigma**2))
+    return torch.exp(-(s - position.float()[..., None]) ** 2 / (2 * sigma**2))
 
 
 def masked_softmax(scores: Tensor, keep: Tensor) -> Tensor:

@@ -133,8 +133,9 @@ class RNNDecoder(nn.Module):
         return attentional, weights
 
     def _gnmt(self, x: Tensor, enc: RNNEncoderOut, state: dict, steps: Tensor):
-        """GNMT (Wu et al. 2016 sec. 3): the bottom layer's output queries; the context joins
-        the input of every higher layer; with input feeding c_{t-1} joins the bottom input."""
+        """GNMT (Wu et al. 2016 sec. 3): the context joins the input of every higher layer; with
+        input feeding c_{t-1} joins the bottom input. The query is the bottom layer's output at
+        this step, as TensorFlow NMT's GNMT cell does (the paper uses the previous step's)."""
         if self.feed_dim:
             x = torch.cat([x, state["feed"]], -1)  # (B, 1, E + M)
         bottom = self._layer(0, x, state)  # (B, T, H)

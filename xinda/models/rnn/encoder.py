@@ -2,7 +2,7 @@
 
 Options: bidirectional layers (Bahdanau et al. 2015: forward and backward states concatenated),
 bidirectional bottom layer only and residual connections from a given layer up (GNMT, Wu et
-al. 2016 sec. 3-4), source reversal (Sutskever et al. 2014 sec. 3.3) and dropout between layers.
+al. 2016 sec. 3.1-3.2), source reversal (Sutskever et al. 2014 sec. 3.3) and dropout between layers.
 Shapes: B batch, S source length, E embedding width, H hidden width per direction.
 """
 

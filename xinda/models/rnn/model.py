@@ -17,7 +17,8 @@ from xinda.models.rnn.encoder import RNNEncoder, RNNEncoderOut
 
 
 def _embedding(size: int, dim: int, pad: int) -> nn.Embedding:
-    """Uniform(-0.1, 0.1) as in Sutskever et al. and Luong et al.; the padding row is 0."""
+    """Uniform(-0.1, 0.1) as in Luong et al. 2015 (Sutskever et al. 2014: +-0.08); the padding
+    row is 0."""
     embed = nn.Embedding(size, dim, padding_idx=pad)
     nn.init.uniform_(embed.weight, -0.1, 0.1)
     embed.weight.data[pad].zero_()
