@@ -100,11 +100,13 @@ def test_an_empty_line_has_as_many_outputs_as_the_other_lines(translator):
     assert len(tr.translate([""], sampling=True, samples=3, **SHORT)[0]) == 3
 
 
-def test_nbest_above_beam_is_refused(translator):
+def test_nbest_above_beam_widens_the_beam(translator):
     """Before: fewer hypotheses than asked for, without a word."""
     tr = translator(TRANSFORMER)
-    with pytest.raises(XindaError, match=r"^decode.nbest: 4 is more than decode.beam 2 "):
-        tr.translate(["a house"], beam=2, nbest=4)
+    assert tr.decode_settings({"beam": 2, "nbest": 4}).beam == 4
+    assert len(tr.translate(["a house"], beam=2, nbest=4, **SHORT)[0]) == 4
+    assert tr.translate(["a house"], beam=2, nbest=4, **SHORT)[0] == tr.translate(
+        ["a house"], beam=4, nbest=4, **SHORT)[0]
     assert len(tr.translate(["a house"], sampling=True, samples=2, beam=1, nbest=4,
                             **SHORT)[0]) == 2  # sampling: nbest does not apply
 

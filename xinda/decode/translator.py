@@ -164,15 +164,14 @@ class Translator:
 
     def decode_settings(self, options: dict) -> DecodeConfig:
         """The model's ``DecodeConfig`` with ``options`` applied; a bad value is a one-line
-        XindaError naming the setting (``decode.beam: ...``), and so is an ``nbest`` beam
-        search cannot find (more than ``beam``)."""
+        XindaError naming the setting (``decode.beam: ...``). An ``nbest`` above the beam
+        widens the beam to it (beam search finds at most beam hypotheses), as the apps do."""
         try:
             dec = DecodeConfig.model_validate({**self.cfg.decode.model_dump(), **options})
         except ValidationError as err:
             raise XindaError(format_validation_error(err, "", "decode")) from None
         if not dec.sampling and dec.nbest > dec.beam:
-            raise XindaError(f"decode.nbest: {dec.nbest} is more than decode.beam {dec.beam} "
-                             "(beam search finds at most beam hypotheses): raise the beam")
+            dec.beam = dec.nbest
         return dec
 
     def translate_text(self, lines: list[str], **options) -> list[str]:
