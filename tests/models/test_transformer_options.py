@@ -120,3 +120,25 @@ def test_preset_resolves_builds_and_trains_one_step(preset, make_model, tiny_voc
         gates = [g for conn in (model.encoder_connection, model.decoder_connection)
                  for g in conn.gates]
         assert gates and all(g.weight.grad.abs().sum() > 0 for g in gates)
+
+
+def test_layer_dropout_without_residuals_is_refused():
+    """A skipped sub-layer returns x, a kept one F / (1 - p) without x: in expectation F + p x,
+    not the F inference computes."""
+    from xinda.errors import XindaError
+    from xinda.models.registry import resolve
+
+    with pytest.raises(XindaError, match="layer_dropout needs the residual connections"):
+        resolve({"preset": "transformer-tiny", "fusion": "sublayer", "fusion_side": "both",
+                 "residual": False, "layer_dropout": 0.2})
+    resolve({"preset": "transformer-tiny", "fusion": "sublayer", "fusion_side": "decoder",
+             "residual": False, "layer_dropout": 0.2, "layer_dropout_side": "encoder"})
+
+
+@pytest.mark.parametrize("preset", ["transformer-base", "transformer-big",
+                                    "transformer-sublayer-fusion"])
+def test_vaswani_presets_drop_out_only_sub_layer_outputs_and_embeddings(preset):
+    from xinda.models.registry import resolve
+
+    cfg = resolve({"preset": preset})
+    assert (cfg.attention_dropout, cfg.activation_dropout) == (0.0, 0.0) and cfg.dropout > 0

@@ -50,7 +50,7 @@ class Dropout(nn.Module):
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
-    """Sinusoidal positions (Vaswani et al. eq. 5): PE(p, 2i) = sin(p / 10000^(2i/D)),
+    """Sinusoidal positions (Vaswani et al. 2017 sec. 3.5): PE(p, 2i) = sin(p / 10000^(2i/D)),
     PE(p, 2i+1) = cos(p / 10000^(2i/D)). Returns (n_positions, dim)."""
     pos = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
     inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2).float() / dim)  # (D/2,)
@@ -114,7 +114,8 @@ def attention_bias(keep: Tensor | None, causal: bool, t: int, s: int,
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention (Vaswani eq. 4-5) with a key/value cache for incremental decoding.
+    """Multi-head attention (Vaswani et al. 2017 sec. 3.2.2) with a key/value cache for
+    incremental decoding.
 
     Self-attention projects q, k, v with one fused matmul; cross-attention projects k, v of the
     (static) memory once per sentence and caches them. The fast path is PyTorch's fused

@@ -11,12 +11,14 @@ from xinda.models.transformer.model import Transformer, TransformerConfig
 register_architecture("transformer", TransformerConfig,
                       "encoder-decoder Transformer (post-/pre-norm)")(Transformer)
 
-# Vaswani et al. 2017, table 3 "base" and "big".
+# Vaswani et al. 2017, table 3 "base" and "big"; dropout only on the sub-layer outputs and the
+# embedding sums (sec. 5.4), none on attention weights or inside the FFN (as fairseq's defaults).
+VASWANI = {"attention_dropout": 0.0, "activation_dropout": 0.0}
 register_preset("transformer-base", "Vaswani et al. 2017 base: 6+6 x 512, post-norm",
-                arch="transformer")
+                arch="transformer", **VASWANI)
 register_preset("transformer-big", "Vaswani et al. 2017 big: 6+6 x 1024, 16 heads",
                 arch="transformer", d_model=1024, heads=16, ffn_dim=4096,
-                dropout=0.3)
+                dropout=0.3, **VASWANI)
 # Deep encoder, shallow decoder: pre-norm keeps a 30-layer stack trainable (textbook ch. 15).
 register_preset("transformer-deep", "pre-norm, 30-layer encoder, 6-layer decoder",
                 arch="transformer", norm="pre", encoder_layers=30,
@@ -27,10 +29,11 @@ register_preset("transformer-dlcl", "pre-norm 30+6 layers, DLCL on encoder and d
                 dense="both")
 # Information-transfer enhancement (fusion paper) on Transformer base, encoder and decoder.
 register_preset("transformer-layer-fusion", "base + layer-wise mean fusion, elementwise "
-                "retention gate", arch="transformer", fusion="layer", fusion_function="mean", fusion_side="both")
+                "retention gate", arch="transformer", fusion="layer", fusion_function="mean",
+                fusion_side="both", **VASWANI)
 register_preset("transformer-sublayer-fusion", "base + sub-layer-wise mean fusion, elementwise "
                 "retention gate", arch="transformer", fusion="sublayer", fusion_function="mean",
-                fusion_side="both")
+                fusion_side="both", **VASWANI)
 # Small enough for the demo and for tests on a laptop CPU.
 register_preset("transformer-tiny", "2+2 x 128, pre-norm: demo and tests",
                 arch="transformer", d_model=128, heads=4, ffn_dim=512,

@@ -96,6 +96,12 @@ class TransformerConfig(ModelConfig):
                              "the sub-layer fusion carries earlier information)")
         if self.layer_dropout > 0 and self.layer_dropout_side == "none":
             raise ValueError("layer_dropout > 0 needs layer_dropout_side encoder/decoder/both")
+        if self.layer_dropout > 0 and not self.residual and any(
+                self.uses("fusion", side) and self.uses("layer_dropout", side)
+                for side in ("encoder", "decoder")):
+            raise ValueError("layer_dropout needs the residual connections where it skips "
+                             "sub-layers: a skipped sub-layer without one is not its expected "
+                             "value (set residual: true or layer_dropout: 0)")
         return self
 
 
