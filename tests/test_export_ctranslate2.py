@@ -147,6 +147,8 @@ def test_cli_exports_and_refuses_to_overwrite(exported, tmp_path):
         export_ctranslate2(model_dir, out)
     with pytest.raises(XindaError, match="may not hold the model"):
         export_ctranslate2(model_dir, model_dir.parent, force=True)
+    assert export_ctranslate2(model_dir, out, force=True) == out  # replaced
+    assert ct2_translator(out).translate_batch(sources[:1], beam_size=1)[0].hypotheses
     (tmp_path / "file").write_text("kept")  # before: tracebacks, after the conversion
     with pytest.raises(XindaError, match="file: not a folder"):
         export_ctranslate2(model_dir, tmp_path / "file", force=True)

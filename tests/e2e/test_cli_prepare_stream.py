@@ -59,7 +59,9 @@ def test_ctrl_c_with_workers_ends_at_once_without_worker_tracebacks(xinda_popen,
 
     config = write_config(tmp_path, write_corpus(tmp_path, 60_000))
     proc = xinda_popen("prepare", config, "--workers", 2, start_new_session=True,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # (as in a terminal: the test process may have inherited SIGINT ignored)
     deadline = time.monotonic() + 60
     while not list((tmp_path / "data-bin").glob(".staging-*/.spool-*/*")):  # pass 1 running
         assert proc.poll() is None and time.monotonic() < deadline, "prepare did not start"

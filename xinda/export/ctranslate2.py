@@ -97,7 +97,7 @@ def _check_output(model_dir: Path, out_dir: Path, force: bool) -> None:
         raise XindaError(f"{out_dir}: already exists (--force replaces it)")
     if out_dir.exists() and not out_dir.is_dir():
         raise XindaError(f"{out_dir}: not a folder (the export is a folder)")
-    check_writable(out_dir)  # its parent folder, made if missing
+    check_writable(out_dir.parent, folder=True)  # made if missing
 
 
 def _spm_files(model_dir: Path) -> list[Path]:
