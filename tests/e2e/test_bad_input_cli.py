@@ -5,6 +5,7 @@ one ``xinda: error:`` line naming the file and the cause, and nothing is written
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import pytest
 import yaml
@@ -100,6 +101,28 @@ def test_demo_validates_before_deleting_anything(xinda, one_line_error, tmp_path
     proc = xinda("demo", "--workdir", tmp_path, "--set", "model.bogus_key=1", ok=False)
     one_line_error(proc, "model.bogus_key:")
     assert keep.read_text(encoding="utf-8") == "old output"
+
+
+def test_demo_never_replaces_a_folder_it_did_not_write(xinda, one_line_error, tmp_path,
+                                                       monkeypatch):
+    """Before: --workdir DIR deleted DIR/raw, DIR/data-bin and DIR/model whatever they held,
+    and --set train.out_dir=. the current folder."""
+    from xinda.demo.run import MARK, check_demo_folder
+    from xinda.errors import XindaError
+
+    keep = tmp_path / "data-bin" / "keep.txt"
+    keep.parent.mkdir()
+    keep.write_text("a user's data", encoding="utf-8")
+    proc = xinda("demo", "--workdir", tmp_path, ok=False)
+    one_line_error(proc, f"{keep.parent}: exists and was not written by xinda demo")
+    assert keep.read_text(encoding="utf-8") == "a user's data"
+    monkeypatch.chdir(tmp_path)
+    for folder in (tmp_path, Path(".")):
+        with pytest.raises(XindaError, match="would replace the current folder"):
+            check_demo_folder(folder)
+    (keep.parent / MARK).touch()  # an earlier demo's output is replaced
+    check_demo_folder(keep.parent)
+    check_demo_folder(tmp_path / "missing")
 
 
 def test_control_characters_dropped_and_cleaned(xinda, tmp_path):

@@ -19,11 +19,27 @@ from xinda.config import ExperimentConfig, load_config
 from xinda.data.prepare import prepare
 from xinda.decode.translator import Translator
 from xinda.demo.numbers import DEMO_SPLITS, write_demo_corpus
+from xinda.errors import XindaError
 from xinda.evaluate.metrics import corpus_scores
 from xinda.train.trainer import Trainer
 from xinda.utils import read_lines
 
 DEMO_CONFIG = Path(__file__).with_name("numbers.yaml")
+MARK = ".xinda-demo"  # in every folder the demo writes: only such folders are replaced
+
+
+def check_demo_folder(folder: Path) -> None:
+    """The demo replaces ``folder`` only when it made it (or it is missing or empty): never a
+    user's folder, the current one or one of its parents."""
+    here = Path.cwd().resolve()
+    if folder.resolve() == here or folder.resolve() in here.parents:
+        raise XindaError(f"{folder}: the demo would replace the current folder; choose a "
+                         "--workdir below it")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / MARK).is_file():
+        raise XindaError(f"{folder}: exists and was not written by xinda demo, which replaces "
+                         "its folders; choose another --workdir or remove it")
+    if folder.exists() and not folder.is_dir():
+        raise XindaError(f"{folder}: not a folder; choose another --workdir")
 
 
 def demo_config(workdir: Path | None = None, seconds: float | None = None,
@@ -52,8 +68,13 @@ def run_demo(workdir: Path | None = None, seconds: float | None = None,
     """Generate, prepare, train and translate; print and return exact match, BLEU, updates."""
     cfg = demo_config(workdir, seconds, overrides)
     raw = Path(cfg.data.train).parent
-    for folder in (raw, Path(cfg.data.out_dir), Path(cfg.train.out_dir)):
+    folders = (raw, Path(cfg.data.out_dir), Path(cfg.train.out_dir))
+    for folder in folders:
+        check_demo_folder(folder)
+    for folder in folders:  # an earlier demo's output: started afresh
         shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MARK).touch()
     write_demo_corpus(raw)
     print(f"1/3 prepare: {DEMO_SPLITS['train']} generated pairs of number words -> digits")
     prepare(cfg.data)
