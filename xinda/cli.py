@@ -129,7 +129,9 @@ def translate(
     nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
                      ] = None,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
-    max_len_a: float | None = None, max_len_b: int | None = None,
+    max_len_a: Annotated[float | None, typer.Option(
+        help="output length limit a * source tokens + b: a")] = None,
+    max_len_b: Annotated[int | None, typer.Option(help="... and b")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="weights file to load")] = None,
     ensemble: Annotated[list[Path] | None, typer.Option(
         help="another model directory to decode with (repeat the option): the models' mean "
@@ -160,6 +162,8 @@ def translate(
 
     from xinda.decode.translator import Translator
 
+    if threads < 0:
+        raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
     if threads:
         torch.set_num_threads(threads)
     sampler = _sampling_options(sampling, temperature, top_k, top_p, seed, samples)
@@ -170,9 +174,12 @@ def translate(
     constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
                                              no_repeat_ngram, ban_source_copy, exact_length,
                                              input_format)
-    given = {"beam": beam, "alpha": alpha, "coverage": coverage, "batch_size": batch_size,
-             "max_len_a": max_len_a, "max_len_b": max_len_b, "precision": precision,
-             "nbest": nbest, "stop": stop, **sampler}
+    search = {"beam": beam, "nbest": nbest, "coverage": coverage, "stop": stop}
+    if sampling and (used := [f"--{k}" for k, v in search.items() if v is not None]):
+        raise XindaError(f"{', '.join(used)}: beam-search options, not used with --sampling "
+                         "(--samples sets the outputs per line)")
+    given = {"alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
+             "max_len_b": max_len_b, "precision": precision, **search, **sampler}
     options = {k: v for k, v in given.items() if v is not None}
     dec = translator.decode_settings(options)
     if sampler and not dec.sampling:
@@ -281,7 +288,9 @@ def _length_sources(source: Path | None, hypotheses: Path, n_hyps: int) -> list[
 def average(model_dir: Path,
             last: Annotated[int, typer.Option(help="average the newest N checkpoints",
                                               min=1)] = 5,
-            output: Annotated[Path | None, typer.Option("-o")] = None) -> None:
+            output: Annotated[Path | None, typer.Option(
+                "-o", "--output", help="default: MODEL_DIR/averaged.safetensors")] = None
+            ) -> None:
     """Average the parameters of the last N checkpoints into MODEL_DIR/averaged.safetensors."""
     from xinda.checkpoint import average_checkpoints, list_checkpoints
 

@@ -115,6 +115,9 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--top-k", "3"), ("need --sampling",)),
     (("--ban", "7,seven hundred"), ("cannot ban 'seven hundred'",)),
     (("--no-repeat-ngram", "-1"), ("must be >= 0",)),
+    (("--threads", "-1"), ("--threads must be >= 0",)),  # before: a traceback
+    (("--sampling", "--nbest", "3"), ("--nbest: beam-search options", "--samples")),
+    (("--sampling", "--beam", "7", "--stop", "best"), ("--beam, --stop: beam-search",)),
 ])
 def test_bad_values_are_one_line_errors(args, fragments, trained, files, xinda, one_line_error):
     folder, _ = files
