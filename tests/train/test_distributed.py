@@ -122,3 +122,22 @@ def test_ranks_warn_when_this_machine_s_ranks_crowd_its_cores(monkeypatch, caplo
         assert "4 process(es) x 1 threads > 2 CPU cores" in caplog.text
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"WORLD_SIZE": "2"}, "RANK is not set although WORLD_SIZE > 1: start data-parallel"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' in the environment: not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "rank 0: could not join the other ranks"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+     "rank 1: could not join the other ranks"),  # nobody there: after the 1 s timeout
+])
+def test_a_torchrun_environment_that_does_not_work_is_one_line(monkeypatch, env, message):
+    """Before: KeyError 'RANK', ValueError 'MASTER_ADDR expected' or DistStoreError tracebacks
+    (the last after train.dist_timeout)."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(XindaError, match=f"^{message}") as info:
+        Ranks.from_env("cpu", 1)
+    assert "\n" not in str(info.value) and not dist.is_initialized()

@@ -76,21 +76,19 @@ class Ranks:
     def from_env(cls, device: str, timeout: float) -> Ranks:
         """Join torchrun's process group when ``WORLD_SIZE`` > 1, else one plain process (on
         CPU, with a warning when this machine's ranks x threads exceed its cores)."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = env_int("WORLD_SIZE", 1)
         where = pick_device(device)
-        if where.type == "cpu" and int(os.environ.get("RANK", "0")) == 0:
-            warn_if_crowded(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun sets it
+        if where.type == "cpu" and env_int("LOCAL_RANK", 0) == 0:  # once per machine
+            warn_if_crowded(env_int("LOCAL_WORLD_SIZE", 1))  # torchrun sets it
         if world <= 1:
             return cls(device=where)
-        rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        rank, local = env_int("RANK"), env_int("LOCAL_RANK", 0)
         if where.type == "cuda":
             where = torch.device("cuda", local)
             torch.cuda.set_device(where)
         owns = not dist.is_initialized()
         if owns:
-            with lost_contact(rank):
-                dist.init_process_group("nccl" if where.type == "cuda" else "gloo",
-                                        timeout=timedelta(seconds=timeout))
+            join_group("nccl" if where.type == "cuda" else "gloo", rank, timeout)
         if rank > 0:  # one copy of the progress messages: rank 0's (warnings from all)
             log.setLevel(logging.WARNING)
         return cls(rank, world, where, owns)
@@ -193,6 +191,32 @@ class Ranks:
                         "data position are restored; the random numbers of ranks > 0 are new, "
                         "so the run is not bitwise the one it would have been", self.world,
                         saved_world)
+
+
+def env_int(name: str, default: int | None = None) -> int:
+    """An integer that torchrun puts in the environment; a one-line error when it is missing
+    (without a default) or not a number."""
+    value = os.environ.get(name)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise XindaError(f"{name} is not set although WORLD_SIZE > 1: start data-parallel "
+                         "training with torchrun (README: distributed training)")
+    try:
+        return int(value)
+    except ValueError:
+        raise XindaError(f"{name}={value!r} in the environment: not a whole number") from None
+
+
+def join_group(backend: str, rank: int, timeout: float) -> None:
+    """``init_process_group`` from torchrun's environment; a failure to meet the other ranks
+    (no MASTER_ADDR, nobody there before ``timeout``) is a one-line XindaError."""
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    except (RuntimeError, ValueError) as err:  # torch's DistStoreError is a RuntimeError
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(str(err).split())).split(". ")[0][:200]
+        raise XindaError(f"rank {rank}: could not join the other ranks ({reason}): start "
+                         "data-parallel training with torchrun") from None
 
 
 @contextlib.contextmanager
