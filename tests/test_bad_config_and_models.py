@@ -9,13 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from data.test_bad_input_prepare import config, corpus, lines
 
 from xinda.config import load_config
 from xinda.data.manifest import load_manifest, load_vocabularies
 from xinda.data.prepare import prepare
 from xinda.errors import XindaError
-
-from data.test_bad_input_prepare import config, corpus, lines
 
 
 def error(call, *args) -> str:

@@ -162,7 +162,7 @@ def _parse_yaml(text: str, what: str) -> Any:
     """``yaml.safe_load(text)``, refusing duplicate keys; any failure is a one-line
     XindaError starting with ``what``."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         reason = (str(err).splitlines() or [type(err).__name__])[0]
     except RecursionError:

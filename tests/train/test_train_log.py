@@ -11,6 +11,7 @@ import torch
 from xinda.config import TrainConfig
 from xinda.train.distributed import Ranks
 from xinda.train.loss import chunked_output_loss, label_smoothed_nll
+from xinda.train.signals import StopSignals
 from xinda.train.trainer import Progress, Trainer
 
 
@@ -21,7 +22,7 @@ def test_log_rows_average_every_update_since_the_previous_row_across_epochs():
     rows = []
     t = Trainer.__new__(Trainer)
     t.cfg = types.SimpleNamespace(train=TrainConfig(log_every=4, progress=False))
-    t.progress, t.ranks, t.stop_signal, t._clock, t.lr = Progress(), Ranks(), None, None, 1.0
+    t.progress, t.ranks, t.signals, t._clock, t.lr = Progress(), Ranks(), StopSignals(), None, 1.0
     t.log_window = [0.0, 0.0, 0, 0.0]
     t.csv = types.SimpleNamespace(write=lambda **r: rows.append(r))
 

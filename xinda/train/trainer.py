@@ -23,10 +23,8 @@ import math
 import shutil
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -44,8 +42,15 @@ from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
-from xinda.train.same_run import apply_hyperparameters, check_same_run
+from xinda.train.run_dir import (
+    apply_hyperparameters,
+    check_lengths,
+    check_output_dir,
+    os_errors_named,
+    retire_average,
+)
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
+from xinda.train.signals import StopSignals
 from xinda.utils import atomic_write_text
 
 log = logging.getLogger("xinda")
@@ -106,8 +111,7 @@ class Trainer:
             check_lengths(self.data_dir, split, self.model_cfg.max_positions)
         self.progress = Progress()
         self.valid_bleu = valid_bleu
-        self.stop_signal: int | None = None  # a SIGINT/SIGTERM received while training
-        self.signal_time = 0.0  # when it came (time.monotonic())
+        self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
         self.saved_step: int | None = None  # the update of the newest checkpoint
         # loss, NLL, target tokens and seconds of the updates since the last log row (across
         # epoch ends: every update is in exactly one row)
@@ -117,21 +121,6 @@ class Trainer:
                         "(xinda.evaluate.validation.validation_bleu builds one)")
 
     # ------------------------------------------------------------------ set-up and resume
-    def check_output_dir(self, resume: bool) -> None:
-        """Rank 0, before anything is written: a directory with checkpoints is only continued
-        (``--resume``), and only with the config and data of its run (``same_run``)."""
-        found = self.out.exists() and ckpt.list_checkpoints(self.out)
-        if found and not resume:
-            raise XindaError(f"{self.out}: already holds checkpoints; use --resume to continue "
-                             "or choose another train.out_dir")
-        weights = [n for n in ("best.safetensors", "averaged.safetensors")
-                   if (self.out / n).is_file()]
-        if weights and not found:  # a new run would overwrite another run's weights
-            raise XindaError(f"{self.out}: holds trained weights ({', '.join(weights)}) but no "
-                             "checkpoint to continue from; choose another train.out_dir")
-        if found:
-            check_same_run(self.out, self.cfg, self.data_dir, self.manifest)
-
     def write_output_dir(self) -> None:
         """Make the model directory self-contained: config, manifest, sentencepiece models
         (rank 0, once the newest checkpoint has loaded)."""
@@ -184,18 +173,8 @@ class Trainer:
                 state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
             ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
                                  self.cfg.train.keep_last)
-            self.retire_average()
+            retire_average(self.out, self.progress.step)
         self.saved_step = self.progress.step
-
-    def retire_average(self) -> None:
-        """An ``averaged.safetensors`` of earlier checkpoints would shadow the newer weights
-        (``translate`` prefers it): renamed aside, not deleted."""
-        averaged = self.out / "averaged.safetensors"
-        if averaged.is_file():
-            aside = averaged.with_name(f"averaged-before-step_{self.progress.step:07d}.safetensors")
-            averaged.replace(aside)
-            log.warning("%s averaged older checkpoints: renamed to %s (run xinda average again)",
-                        averaged, aside.name)
 
     def save_unless_saved(self) -> None:
         """Checkpoint the current update unless the newest checkpoint already holds it."""
@@ -204,15 +183,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
-        with lost_contact(self.ranks.rank), _os_errors_named(self.out):
+        with lost_contact(self.ranks.rank), os_errors_named(self.out):
             if self.ranks.is_main:
-                self.check_output_dir(resume)
+                check_output_dir(self.out, resume, self.cfg, self.data_dir, self.manifest)
             if resume:
                 self.resume()
             if self.ranks.is_main:
                 self.write_output_dir()
             self.net = self.ranks.wrap(self.model, self.find_unused)
-            with self.stop_on_signals():
+            with self.signals.installed():
                 progress = self._train()
         self.ranks.close()
         return progress
@@ -233,7 +212,7 @@ class Trainer:
             stop = self.train_epoch(batches)
             if not stop:
                 stop = self.end_of_epoch()
-                self.stop_if_asked(*self.ranks.any(self.stop_signal is not None))
+                self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
         if self.ranks.is_main and p.batch and tc.run_validation and self.has_valid:
             self.validate_and_keep_best()  # stopped inside an epoch
         self.save_unless_saved()
@@ -242,35 +221,6 @@ class Trainer:
         return p
 
     # ------------------------------------------------------------------ SIGINT and SIGTERM
-    @contextmanager
-    def stop_on_signals(self) -> Iterator[None]:
-        """While training, SIGINT and SIGTERM set ``stop_signal`` (see ``stop_if_asked``);
-        a second one raises KeyboardInterrupt at once. Main thread only; a signal that is
-        ignored (SIG_IGN, e.g. under nohup) stays ignored."""
-        previous, self.stop_signal = {}, None
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                handler = signal.getsignal(sig)
-                if handler is not signal.SIG_IGN:
-                    previous[sig] = handler
-                    signal.signal(sig, self._on_signal)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-
-    def _on_signal(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.ranks.enabled and time.monotonic() - self.signal_time < 1.0:
-            return  # the same Ctrl-C again, passed on by torchrun
-        if self.stop_signal is not None:
-            log.warning("%s again: stopping now (the checkpoints written so far are kept)", name)
-            raise KeyboardInterrupt
-        self.stop_signal, self.signal_time = signum, time.monotonic()
-        log.warning("%s: stopping after the current update, with a checkpoint (send it again "
-                    "to stop at once)", name)
-
     def stop_if_asked(self, asked: bool) -> None:
         """At an update boundary, ``asked`` (a signal came, to any rank): checkpoint and raise
         KeyboardInterrupt."""
@@ -279,7 +229,7 @@ class Trainer:
         self.save_unless_saved()
         if self.ranks.is_main:
             log.warning("stopped by %s after update %d: checkpoint step_%07d saved in %s; continue "
-                        "with --resume", signal.Signals(self.stop_signal or signal.SIGTERM).name,
+                        "with --resume", signal.Signals(self.signals.received or signal.SIGTERM).name,
                         self.progress.step, self.progress.step, ckpt.checkpoint_dir(self.out))
         raise KeyboardInterrupt
 
@@ -315,7 +265,7 @@ class Trainer:
             if tc.save_every and p.step % tc.save_every == 0:
                 self.save()
             p.train_seconds += time.perf_counter() - t0  # loop wall clock, saving included
-            asked, limit = self.ranks.any(self.stop_signal is not None, self.limit_reached())
+            asked, limit = self.ranks.any(self.signals.received is not None, self.limit_reached())
             if asked or limit:
                 bar.close()
             self.stop_if_asked(asked)
@@ -431,27 +381,3 @@ class Trainer:
         atomic_write_text(self.out / "train_stats.json", json.dumps(stats, indent=1))
         if (self.out / "log.csv").exists():
             plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
-
-
-def check_lengths(data_dir: Path, split: str, max_positions: int) -> None:
-    """Refuse, before training, a split with a sentence longer than the model's position table
-    (with the BOS or EOS it gets): it would stop training with an error at its batch."""
-    for side, arrays in zip(("source", "target"), load_split(data_dir, split)):
-        if not len(arrays):
-            continue
-        longest = int(arrays.lengths.argmax())
-        n = int(arrays.lengths[longest])
-        if n + 1 > max_positions:
-            raise XindaError(
-                f"{data_dir}: {split} {side} sentence {longest + 1} has {n} pieces, but "
-                f"model.max_positions {max_positions} takes at most {max_positions - 1}: raise "
-                "it, or prepare with a smaller data.max_len (data.long_pairs: truncate for valid)")
-
-
-@contextmanager
-def _os_errors_named(out: Path) -> Iterator[None]:
-    """An OSError (no permission, disk full, ...) becomes a XindaError naming the file."""
-    try:
-        yield
-    except OSError as err:
-        raise XindaError(f"{err.filename or out}: {err.strerror or err}") from None

@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from xinda.cli.translate import translate as translate_command
 from xinda.config import ExperimentConfig, load_config
 from xinda.errors import XindaError
 from xinda.export.command import ctranslate2 as export_ctranslate2_command
@@ -85,161 +85,6 @@ def train(config: Path, set_: SetOpt = None,
     if trainer.ranks.is_main:  # under torchrun: once
         print(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
               f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
-
-
-def _read_input(path: Path | None) -> list[str]:
-    from xinda.utils import decode_lines, read_lines
-
-    if path is None or str(path) == "-":
-        return list(decode_lines(sys.stdin.buffer, "<stdin>"))
-    return list(read_lines(path))
-
-
-def _check_outputs(output: Path | None, plots: Path | None) -> None:
-    """Refuse outputs that cannot be written before decoding, not after."""
-    from xinda.utils import check_writable
-
-    if output is not None and str(output) != "-":
-        check_writable(output)
-    if plots is not None:
-        check_writable(plots, folder=True)
-
-
-def _write_output(path: Path | None, lines: list[str]) -> None:
-    from xinda.utils import atomic_write_text
-
-    text = "".join(line + "\n" for line in lines)
-    if path is None or str(path) == "-":
-        sys.stdout.write(text)
-    else:
-        atomic_write_text(path, text)
-
-
-@command
-def translate(
-    model_dir: Path,
-    input: Annotated[Path | None, typer.Option("-i", "--input", help="default: stdin")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="default: stdout")] = None,
-    beam: Annotated[int | None, typer.Option(help="beam size; 1 = greedy")] = None,
-    alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
-    coverage: Annotated[float | None, typer.Option(help="GNMT coverage penalty beta")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | int8 | auto")] = None,
-    stop: Annotated[str | None, typer.Option(
-        help="end a beam after `beam` finished (beam) or once the best ended (best)")] = None,
-    nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
-                     ] = None,
-    batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
-    max_len_a: Annotated[float | None, typer.Option(
-        help="output length limit a * source tokens + b: a")] = None,
-    max_len_b: Annotated[int | None, typer.Option(help="... and b")] = None,
-    checkpoint: Annotated[Path | None, typer.Option(help="weights file to load")] = None,
-    ensemble: Annotated[list[Path] | None, typer.Option(
-        help="another model directory to decode with (repeat the option): the models' mean "
-             "log-probabilities, step by step")] = None,
-    input_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
-    output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
-    scores: Annotated[bool, typer.Option(help="prefix each line with its score")] = False,
-    threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
-    attention_plot: Annotated[Path | None, typer.Option(
-        help="write a source-target attention heat-map PNG per sentence into this folder")] = None,
-    prefix: Annotated[Path | None, typer.Option(
-        help="file of target prefixes, one per input line ('' = none): outputs start with it")
-        ] = None,
-    no_repeat_ngram: Annotated[int, typer.Option(help="ban repeated n-grams (0 = off)")] = 0,
-    ban: Annotated[str | None, typer.Option(help="comma-separated target pieces/words")] = None,
-    ban_source_copy: Annotated[bool, typer.Option(help="ban copying source tokens")] = False,
-    exact_length: Annotated[int | None, typer.Option(help="output pieces per line")] = None,
-    sampling: Annotated[bool, typer.Option(help="sample instead of beam search")] = False,
-    temperature: Annotated[float | None, typer.Option(help="sampling temperature > 0")] = None,
-    top_k: Annotated[int | None, typer.Option(help="sample from the k best (0 = all)")] = None,
-    top_p: Annotated[float | None, typer.Option(help="nucleus sampling, in (0, 1]")] = None,
-    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
-    samples: Annotated[int | None, typer.Option(help="samples per line, written like --nbest")
-                       ] = None,
-) -> None:
-    """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
-    import torch
-
-    from xinda.decode.translator import Translator
-
-    if threads < 0:
-        raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
-    if threads:
-        torch.set_num_threads(threads)
-    sampler = _sampling_options(sampling, temperature, top_k, top_p, seed, samples)
-    _check_outputs(output, attention_plot)
-    lines = _read_input(input)
-    prefixes = _read_prefixes(prefix, len(lines))
-    translator = Translator.load(model_dir, checkpoint, ensemble=ensemble or ())
-    constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
-                                             no_repeat_ngram, ban_source_copy, exact_length,
-                                             input_format)
-    search = {"beam": beam, "nbest": nbest, "coverage": coverage, "stop": stop}
-    if sampling and (used := [f"--{k}" for k, v in search.items() if v is not None]):
-        raise XindaError(f"{', '.join(used)}: beam-search options, not used with --sampling "
-                         "(--samples sets the outputs per line)")
-    given = {"alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
-             "max_len_b": max_len_b, "precision": precision, **search, **sampler}
-    options = {k: v for k, v in given.items() if v is not None}
-    dec = translator.decode_settings(options)
-    if sampler and not dec.sampling:
-        raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
-    start = time.perf_counter()
-    results = translator.translate(lines, input_format=input_format, output_format=output_format,
-                                   need_attention=attention_plot is not None,
-                                   constraints=constraints, **options)
-    seconds = time.perf_counter() - start
-    n_best = dec.samples if dec.sampling else dec.nbest
-    _write_output(output, _output_lines(results, n_best, scores))
-    if attention_plot is not None:
-        _plot_attention(results, attention_plot)
-    cut = sum(nbest[0].truncated_from is not None for nbest in results)
-    note = f"; {cut} inputs cut to decode.max_input_len={dec.max_input_len} tokens" if cut else ""
-    print(f"translated {len(lines)} sentences in {seconds:.2f} s "
-          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s){note}", file=sys.stderr)
-
-
-def _sampling_options(on: bool, temperature: float | None, top_k: int | None,
-                      top_p: float | None, seed: int | None, samples: int | None) -> dict:
-    """The decode settings of the --sampling options that were given."""
-    given = {"sampling": on or None, "temperature": temperature, "top_k": top_k,
-             "top_p": top_p, "seed": seed, "samples": samples}
-    return {k: v for k, v in given.items() if v is not None}
-
-
-def _read_prefixes(path: Path | None, n_lines: int) -> list[str] | None:
-    """The lines of the --prefix file, one per input line."""
-    prefixes = None if path is None else _read_input(path)
-    if prefixes is not None and len(prefixes) != n_lines:
-        raise XindaError(f"{path}: {len(prefixes)} prefix lines for {n_lines} input lines")
-    return prefixes
-
-
-def _output_lines(results, n_best: int, scores: bool) -> list[str]:
-    """One line per input line (its best translation; '' for a line with no output, with a
-    warning), or with ``n_best`` > 1 'i ||| text ||| score' per hypothesis."""
-    out = []
-    for i, nbest_list in enumerate(results):
-        if nbest_list[0].error:
-            log.warning("line %d: %s", i + 1, nbest_list[0].error)
-            if n_best == 1:
-                out.append("")
-        elif n_best > 1:
-            out += [f"{i} ||| {t.text} ||| {t.score:.4f}" for t in nbest_list]
-        else:
-            t = nbest_list[0]
-            out.append(f"{t.score:.4f}\t{t.text}" if scores else t.text)
-    return out
-
-
-def _plot_attention(results, folder: Path) -> None:
-    from xinda.evaluate.attention_plot import plot_attention
-
-    for i, nbest_list in enumerate(results):
-        best = nbest_list[0]
-        if best.attention is not None:
-            plot_attention(best.attention, best.source_pieces, best.target_pieces,
-                           folder / f"{i:05d}.png", title=best.text[:80])
 
 
 @command
@@ -399,6 +244,7 @@ def poem(
                    nbest)
 
 
+command(translate_command)  # `xinda translate`: its options are in xinda/cli/translate.py
 command(serve_command)  # `xinda serve`: its options and help are in xinda/serve/command.py
 app.add_typer(export_app, name="export")  # `xinda export ...`: in xinda/export/command.py
 command(export_ctranslate2_command, on=export_app)

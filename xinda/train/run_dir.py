@@ -1,0 +1,140 @@
+"""The model directory when training starts: what it may already hold, what ``--resume`` may
+change, and the checks of the data against the model, all before anything is written.
+
+* Without ``--resume`` a directory with checkpoints is refused, and so is one holding another
+  run's weights (``best``/``averaged.safetensors``) without a checkpoint to continue from.
+* With it, the run continues update for update. The model may change only in its dropout
+  rates: any other change (width, depth, norm position, fusion...) would load the weights into
+  another network. The data must be the prepared data the run started on: the same
+  sentencepiece model(s) (the ids mean the same pieces) and the same training split. The
+  batches of an epoch depend on ``train.seed``, ``max_tokens`` and ``update_freq``, and the
+  saved optimizer state on ``train.optimizer``: none of them may change. Everything else
+  (limits, logging, threads, checkpointing, learning-rate settings) may; Adam's betas and eps,
+  weight decay and momentum come from the config, not from the saved optimizer state
+  (``apply_hyperparameters``).
+* A sentence longer than the model's position table is refused before the first update.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from xinda import checkpoint as ckpt
+from xinda.config import ExperimentConfig, TrainConfig, load_config
+from xinda.data.manifest import load_split
+from xinda.errors import XindaError
+from xinda.models.registry import resolve
+
+log = logging.getLogger("xinda")
+
+FIXED_TRAIN = ("seed", "max_tokens", "update_freq", "optimizer")
+
+
+def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: Path,
+                     manifest: dict) -> None:
+    """Refuse to train into ``out`` what would overwrite or mix with another run."""
+    found = out.exists() and ckpt.list_checkpoints(out)
+    if found and not resume:
+        raise XindaError(f"{out}: already holds checkpoints; use --resume to continue or "
+                         "choose another train.out_dir")
+    weights = [n for n in ("best.safetensors", "averaged.safetensors") if (out / n).is_file()]
+    if weights and not found:  # a new run would overwrite another run's weights
+        raise XindaError(f"{out}: holds trained weights ({', '.join(weights)}) but no "
+                         "checkpoint to continue from; choose another train.out_dir")
+    if found:
+        check_same_run(out, cfg, data_dir, manifest)
+
+
+def check_same_run(out: Path, cfg: ExperimentConfig, data_dir: Path, manifest: dict) -> None:
+    """Refuse to resume the run in ``out`` with a config or data it was not trained with."""
+    saved = out / "config.yaml"
+    if saved.is_file():
+        _check_config(saved, load_config(saved), cfg)
+    _check_data(out, data_dir, manifest)
+
+
+def _check_config(saved: Path, old: ExperimentConfig, new: ExperimentConfig) -> None:
+    for key in FIXED_TRAIN:
+        was, now = getattr(old.train, key), getattr(new.train, key)
+        if was != now:
+            raise XindaError(f"{saved}: the run was trained with train.{key}={was}, not {now}: "
+                             "resuming continues the same batches; train into another "
+                             "train.out_dir to change it")
+    was, now = _model_fields(old), _model_fields(new)
+    for key in sorted(was.keys() | now.keys()):
+        if was.get(key) != now.get(key):
+            raise XindaError(f"{saved}: the run's model has model.{key}={was.get(key)}, not "
+                             f"{now.get(key)}: only dropout rates may change on --resume")
+
+
+def _model_fields(cfg: ExperimentConfig) -> dict:
+    fields = resolve(cfg.model).model_dump(mode="json")
+    return {k: v for k, v in fields.items() if "dropout" not in k}
+
+
+def _check_data(out: Path, data_dir: Path, manifest: dict) -> None:
+    """The vocabularies and the training split of ``data_dir`` are those of the run (as copied
+    into ``out`` when it started)."""
+    for name in sorted(set(manifest["spm"].values())):
+        kept = out / name
+        if kept.is_file() and kept.resolve() != (data_dir / name).resolve() \
+                and kept.read_bytes() != (data_dir / name).read_bytes():
+            raise XindaError(f"{data_dir / name}: not the sentencepiece model the run was "
+                             f"trained with ({kept}): resume with the data it was prepared from")
+    old_manifest = out / "manifest.json"
+    if old_manifest.is_file() and old_manifest.resolve() != (data_dir / "manifest.json").resolve():
+        was = json.loads(old_manifest.read_text(encoding="utf-8"))["splits"].get("train")
+        if was is not None and was != manifest["splits"].get("train"):
+            raise XindaError(f"{data_dir}: its training split ({manifest['splits'].get('train')}) "
+                             f"is not the run's ({was}, {old_manifest}): resume with the same "
+                             "prepared data")
+
+
+def apply_hyperparameters(optimizer: torch.optim.Optimizer, tc: TrainConfig) -> None:
+    """Put the config's optimizer settings into a restored optimizer (``load_state_dict``
+    brings back the saved ones; the learning rate is set at every update anyway)."""
+    values = ({"betas": tuple(tc.betas), "eps": tc.eps} if tc.optimizer == "adam"
+              else {"momentum": tc.momentum})
+    for group in optimizer.param_groups:
+        group.update(values, weight_decay=tc.weight_decay)
+
+
+def retire_average(out: Path, step: int) -> None:
+    """An ``averaged.safetensors`` of earlier checkpoints would shadow the newer weights of
+    ``step`` (``translate`` prefers it): renamed aside, not deleted."""
+    averaged = out / "averaged.safetensors"
+    if averaged.is_file():
+        aside = averaged.with_name(f"averaged-before-step_{step:07d}.safetensors")
+        averaged.replace(aside)
+        log.warning("%s averaged older checkpoints: renamed to %s (run xinda average again)",
+                    averaged, aside.name)
+
+
+def check_lengths(data_dir: Path, split: str, max_positions: int) -> None:
+    """Refuse, before training, a split with a sentence longer than the model's position table
+    (with the BOS or EOS it gets): it would stop training with an error at its batch."""
+    for side, arrays in zip(("source", "target"), load_split(data_dir, split)):
+        if not len(arrays):
+            continue
+        longest = int(arrays.lengths.argmax())
+        n = int(arrays.lengths[longest])
+        if n + 1 > max_positions:
+            raise XindaError(
+                f"{data_dir}: {split} {side} sentence {longest + 1} has {n} pieces, but "
+                f"model.max_positions {max_positions} takes at most {max_positions - 1}: raise "
+                "it, or prepare with a smaller data.max_len (data.long_pairs: truncate for valid)")
+
+
+@contextmanager
+def os_errors_named(out: Path) -> Iterator[None]:
+    """An OSError (no permission, disk full, ...) becomes a XindaError naming the file."""
+    try:
+        yield
+    except OSError as err:
+        raise XindaError(f"{err.filename or out}: {err.strerror or err}") from None
