@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from xinda.errors import XindaError
+
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
@@ -101,3 +103,12 @@ def tune_training_memory(onednn_cache: int, keep_heap: bool) -> None:
         limit_onednn_caches(onednn_cache)
     if keep_heap:
         keep_freed_heap()
+
+
+def check_device(name: str) -> None:
+    """``--device`` must name a torch device that this machine has."""
+    try:
+        torch.empty(0, device=torch.device(name))
+    except Exception as err:  # noqa: BLE001 - torch raises several types for devices it lacks
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise XindaError(f"--device {name}: not available here ({reason})") from None

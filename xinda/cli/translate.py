@@ -68,6 +68,7 @@ def translate(
     output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
     scores: Annotated[bool, typer.Option(help="prefix each line with its score")] = False,
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     attention_plot: Annotated[Path | None, typer.Option(
         help="write a source-target attention heat-map PNG per sentence into this folder")] = None,
     prefix: Annotated[Path | None, typer.Option(
@@ -89,6 +90,7 @@ def translate(
     import torch
 
     from xinda.decode.translator import Translator
+    from xinda.device import check_device
 
     if threads < 0:
         raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
@@ -98,7 +100,8 @@ def translate(
     _check_outputs(output, attention_plot)
     lines = _read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
-    translator = Translator.load(model_dir, checkpoint, ensemble=ensemble or ())
+    check_device(device)
+    translator = Translator.load(model_dir, checkpoint, device=device, ensemble=ensemble or ())
     constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
                                              no_repeat_ngram, ban_source_copy, exact_length,
                                              input_format)

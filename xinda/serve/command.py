@@ -60,6 +60,7 @@ def serve(
     from pydantic import ValidationError
 
     from xinda.config import format_validation_error
+    from xinda.device import check_device
     from xinda.serve.app import run_server
 
     try:
@@ -87,14 +88,3 @@ def set_threads(threads: int) -> None:
             torch.set_num_threads(threads)
         except (RuntimeError, ValueError) as err:
             raise XindaError(f"--threads {threads}: {err}") from None
-
-
-def check_device(name: str) -> None:
-    """``--device`` must name a torch device that this machine has."""
-    import torch
-
-    try:
-        torch.empty(0, device=torch.device(name))
-    except Exception as err:  # noqa: BLE001 - torch raises several types for devices it lacks
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise XindaError(f"--device {name}: not available here ({reason})") from None
