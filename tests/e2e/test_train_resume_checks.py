@@ -131,3 +131,10 @@ def test_another_runs_weights_without_checkpoints_are_not_overwritten(trained, x
                      f"train.out_dir={model}", ok=False)
         one_line_error(proc, str(model), "best.safetensors", "no checkpoint")
     assert files(model) == before
+
+
+def test_pairs_longer_than_max_tokens_are_warned_about(trained, xinda, tmp_path):
+    """Before: they silently became batches above the budget."""
+    proc = xinda("train", trained.prepared.config, "--set", f"train.out_dir={tmp_path / 'm'}",
+                 "--set", "train.max_tokens=6", "--set", "train.max_steps=1")
+    assert "longer than train.max_tokens 6" in proc.stderr

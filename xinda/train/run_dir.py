@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from xinda import checkpoint as ckpt
@@ -138,3 +139,15 @@ def os_errors_named(out: Path) -> Iterator[None]:
         yield
     except OSError as err:
         raise XindaError(f"{err.filename or out}: {err.strerror or err}") from None
+
+
+def warn_oversized(data_dir: Path, max_tokens: int) -> None:
+    """Warn about training pairs longer than ``max_tokens`` (with EOS): each becomes a batch of
+    its own, above the budget (memory use follows the longest of them)."""
+    src, tgt = load_split(data_dir, "train")
+    size = np.maximum(src.lengths, tgt.lengths) + 1
+    over = int((size > max_tokens).sum())
+    if over:
+        log.warning("%d training pairs are longer than train.max_tokens %d (up to %d tokens): "
+                    "each is a batch of its own, above the budget", over, max_tokens,
+                    int(size.max()))

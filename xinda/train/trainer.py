@@ -48,6 +48,7 @@ from xinda.train.run_dir import (
     check_output_dir,
     os_errors_named,
     retire_average,
+    warn_oversized,
 )
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.train.signals import StopSignals
@@ -109,6 +110,8 @@ class Trainer:
         self.has_valid = "valid" in self.manifest["splits"]
         for split in ("train", "valid")[:1 + self.has_valid]:
             check_lengths(self.data_dir, split, self.model_cfg.max_positions)
+        if self.ranks.is_main:
+            warn_oversized(self.data_dir, tc.max_tokens)
         self.progress = Progress()
         self.valid_bleu = valid_bleu
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
