@@ -167,3 +167,16 @@ def test_evaluate_rouge_against_several_reference_files(tmp_path, xinda, one_lin
     proc = xinda("evaluate", tmp_path / "hyp.txt", tmp_path / "r1.txt", tmp_path / "r2.txt",
                  "--metrics", "rouge", ok=False)
     one_line_error(proc, "hyp.txt has 2 lines but", "r2.txt has 1")
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["translate", "model", "--bogus"], "No such option: --bogus (see xinda translate --help)"),
+    (["average", "model", "--last", "0"], "Invalid value for '--last'"),
+    (["prepare"], "Missing argument 'config'"),
+])
+def test_a_command_line_that_does_not_parse_is_one_line_too(xinda, one_line_error, args,
+                                                            fragment):
+    """Before: click's boxed panel (exit 2); now the one line of every other user error."""
+    proc = xinda(*args, ok=False)
+    assert proc.returncode == 2
+    one_line_error(proc, fragment)

@@ -251,15 +251,26 @@ command(export_ctranslate2_command, on=export_app)
 
 
 def main() -> None:
+    """The ``xinda`` command: a user error is one line ``xinda: error: ...`` on stderr, exit 1
+    for bad files and settings, 2 for a command line click cannot parse."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.TyperException as err:  # typer's click: a command line it cannot parse
+        if type(err).__name__ == "NoArgsIsHelpError":  # bare `xinda` or `xinda export`
+            err.show()
+        else:
+            ctx = getattr(err, "ctx", None)
+            print(f"xinda: error: {' '.join(err.format_message().split())} (see "
+                  f"{ctx.command_path if ctx else 'xinda'} --help)", file=sys.stderr)
+        sys.exit(getattr(err, "exit_code", 2))
     except XindaError as err:
         print(f"xinda: error: {err}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("xinda: interrupted", file=sys.stderr)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
