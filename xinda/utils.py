@@ -42,12 +42,19 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextmanager
-def write_errors(path: Path) -> Iterator[None]:
-    """Turn an OSError while writing ``path`` into a one-line XindaError naming it."""
+def os_errors_named(path: str | Path, action: str = "") -> Iterator[None]:
+    """An OSError (no permission, disk full, ...) becomes a one-line XindaError: ``path`` and
+    the ``action`` that failed, or without one the file the error names (else ``path``)."""
     try:
         yield
     except OSError as err:
-        raise XindaError(f"{path}: cannot write: {err.strerror or err}") from None
+        where, doing = (path, f"{action}: ") if action else (err.filename or path, "")
+        raise XindaError(f"{where}: {doing}{err.strerror or err}") from None
+
+
+def write_errors(path: str | Path):
+    """Turn an OSError while writing ``path`` into a one-line XindaError naming it."""
+    return os_errors_named(path, "cannot write")
 
 
 def _umask() -> int:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -130,15 +128,6 @@ def check_lengths(data_dir: Path, split: str, max_positions: int) -> None:
                 f"{data_dir}: {split} {side} sentence {longest + 1} has {n} pieces, but "
                 f"model.max_positions {max_positions} takes at most {max_positions - 1}: raise "
                 "it, or prepare with a smaller data.max_len (data.long_pairs: truncate for valid)")
-
-
-@contextmanager
-def os_errors_named(out: Path) -> Iterator[None]:
-    """An OSError (no permission, disk full, ...) becomes a XindaError naming the file."""
-    try:
-        yield
-    except OSError as err:
-        raise XindaError(f"{err.filename or out}: {err.strerror or err}") from None
 
 
 def warn_oversized(data_dir: Path, max_tokens: int) -> None:

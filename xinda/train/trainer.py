@@ -46,13 +46,12 @@ from xinda.train.run_dir import (
     apply_hyperparameters,
     check_lengths,
     check_output_dir,
-    os_errors_named,
     retire_average,
     warn_oversized,
 )
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.train.signals import StopSignals
-from xinda.utils import atomic_write_text
+from xinda.utils import atomic_write_text, os_errors_named
 
 log = logging.getLogger("xinda")
 
