@@ -49,3 +49,19 @@ def test_command_line(couplet_shared, tmp_path, capsys):
     assert main(["couplet", str(tmp_path / "nowhere"), str(tmp_path / "raw")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("xinda: error: ") and err.count("\n") == 1
+
+
+def test_a_line_held_out_after_simplification_leaves_training(couplet_shared, tmp_path):
+    """The shared data was de-duplicated in traditional characters: 騰飛上鐵，銳意 in train
+    becomes the wb14123 test line 腾飞上铁，锐意 once simplified (9 of the 4000 wb14123 pairs
+    were in the recipe's training data)."""
+    from conftest import COUPLETS, write
+
+    train = [*COUPLETS["train"], ("騰 飛 上 鐵 ， 銳 意", "風 雨 見 經 綸")]
+    for side, index in (("up", 0), ("down", 1)):
+        write(couplet_shared / "poetry-couplets" / f"train.{side}.gz",
+              [pair[index] for pair in train])
+    out = tmp_path / "raw"
+    write_couplet_corpus(couplet_shared, out)
+    assert read(out / "train.up") == ["宏规则天地", "干坤资化育"]
+    assert not set(read(out / "train.up")) & set(read(out / "wb14123.up"))

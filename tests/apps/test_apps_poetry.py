@@ -107,3 +107,21 @@ def test_missing_folder_and_bad_records(poetry_shared, tmp_path):
     valid.write_text(good + json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
     with pytest.raises(XindaError, match=r"valid.jsonl:2: not a quatrain"):
         write_poetry_corpus(poetry_shared, tmp_path / "raw")
+
+
+def test_a_poem_held_out_after_simplification_leaves_training(poetry_shared, tmp_path):
+    """The shared data was de-duplicated in traditional characters: a train poem that differs
+    from the valid one only by 覺/觉 becomes the same poem once simplified (9 of the 1000 test
+    poems were in the recipe's training data)."""
+    import json
+
+    from conftest import QUATRAINS, write
+
+    twin = {**QUATRAINS["valid"][0], "id": "t3",
+            "lines": ["春眠不觉晓", *QUATRAINS["valid"][0]["lines"][1:]]}
+    write(poetry_shared / "poetry-quatrains" / "train.jsonl.gz",
+          [json.dumps(p, ensure_ascii=False) for p in [*QUATRAINS["train"], twin]])
+    out = tmp_path / "raw"
+    write_poetry_corpus(poetry_shared, out)
+    assert len(read(out / "train.poem")) == 2
+    assert not set(read(out / "train.poem")) & set(read(out / "valid.poem"))

@@ -3,11 +3,15 @@ files (plain or .gz), traditional -> simplified conversion and writing a split's
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
 from xinda.errors import XindaError
 from xinda.utils import atomic_write_text, read_lines
+
+log = logging.getLogger("xinda")
 
 
 @cache
@@ -58,3 +62,20 @@ def write_split(out_dir: Path, split: str, sides: dict[str, list[str]]) -> str:
     for suffix, lines in sides.items():
         atomic_write_text(out_dir / f"{split}.{suffix}", "".join(f"{line}\n" for line in lines))
     return str(out_dir / split)
+
+
+def drop_held_out(splits: dict[str, list[list[str]]], cleaned: Sequence[str],
+                  keys: Callable[[tuple[str, ...]], set[str]]) -> None:
+    """Drop from each split in ``cleaned`` the records (one line per side) that share a key
+    with a record of a split after it in ``splits`` (in place; logged). The shared data was
+    de-duplicated in traditional characters: variants that the conversion to simplified makes
+    equal (遊/游) would leak valid and test data into training."""
+    names = list(splits)
+    for split in cleaned:
+        later = names[names.index(split) + 1:]
+        held = {key for name in later for record in zip(*splits[name]) for key in keys(record)}
+        keep = [k for k, record in enumerate(zip(*splits[split])) if not held & keys(record)]
+        if len(keep) < len(splits[split][0]):
+            log.info("%s: %d dropped, shared with %s", split, len(splits[split][0]) - len(keep),
+                     "/".join(later))
+            splits[split] = [[side[k] for k in keep] for side in splits[split]]

@@ -25,7 +25,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xinda.apps.corpus import corpus_dir, read_aligned, split_file, to_simplified, write_split
+from xinda.apps.corpus import (
+    corpus_dir,
+    drop_held_out,
+    read_aligned,
+    split_file,
+    to_simplified,
+    write_split,
+)
 from xinda.evaluate.generation import is_punctuation, repetition_pattern
 
 __all__ = ["SIDES", "is_punctuation", "repetition_pattern", "write_couplet_corpus"]
@@ -48,13 +55,11 @@ def write_couplet_corpus(shared: str | Path, out_dir: str | Path) -> dict[str, s
     (poetry-couplets) and wb14123 (couplet/test) from the shared data folder ``shared``; return
     split -> prefix, e.g. ``{"train": "out_dir/train", ...}``."""
     poetry, couplet = corpus_dir(shared, "poetry-couplets"), corpus_dir(shared, "couplet")
-    out_dir = Path(out_dir)
-    prefixes = {}
-    for split in POETRY_SPLITS:
-        sides = read_aligned([split_file(poetry, f"{split}.{side}") for side in SIDES])
-        prefixes[split] = write_split(out_dir, split, {
-            side: [_convert(line) for line in lines] for side, lines in zip(SIDES, sides)})
-    sides = read_aligned([split_file(couplet, f"test.{side}") for side in SIDES])
-    prefixes[WB14123] = write_split(out_dir, WB14123, {
-        side: [line.replace(" ", "") for line in lines] for side, lines in zip(SIDES, sides)})
-    return prefixes
+    splits = {split: [[_convert(line) for line in lines] for lines in read_aligned(
+        [split_file(poetry, f"{split}.{side}") for side in SIDES])] for split in POETRY_SPLITS}
+    splits[WB14123] = [[line.replace(" ", "") for line in lines] for lines in read_aligned(
+        [split_file(couplet, f"test.{side}") for side in SIDES])]
+    drop_held_out(splits, ("train", "valid"), set)  # no line of a later split
+    return {split: write_split(Path(out_dir), split, dict(zip(SIDES, sides)))
+            for split, sides in splits.items()}
+

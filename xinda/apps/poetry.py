@@ -35,7 +35,13 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
-from xinda.apps.corpus import corpus_dir, split_file, to_simplified, write_split
+from xinda.apps.corpus import (
+    corpus_dir,
+    drop_held_out,
+    split_file,
+    to_simplified,
+    write_split,
+)
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, poem_lines, rhymes
 from xinda.utils import read_lines
@@ -125,9 +131,7 @@ def write_poetry_corpus(shared: str | Path, out_dir: str | Path, seed: int = 1
     """Write ``{split}.kw`` (form and keywords) and ``{split}.poem`` under ``out_dir`` for
     train, valid and test of ``shared/poetry-quatrains``; return split -> prefix."""
     folder = corpus_dir(shared, "poetry-quatrains")
-    out_dir = Path(out_dir)
-    prefixes = {}
-    for split in SPLITS:
-        sources, targets = _pairs(split_file(folder, f"{split}.jsonl"), seed)
-        prefixes[split] = write_split(out_dir, split, dict(zip(SIDES, (sources, targets))))
-    return prefixes
+    splits = {split: list(_pairs(split_file(folder, f"{split}.jsonl"), seed)) for split in SPLITS}
+    drop_held_out(splits, ("train", "valid"), lambda record: {record[1]})  # same poem
+    return {split: write_split(Path(out_dir), split, dict(zip(SIDES, sides)))
+            for split, sides in splits.items()}
