@@ -55,7 +55,7 @@ def test_a_line_held_out_after_simplification_leaves_training(couplet_shared, tm
     """The shared data was de-duplicated in traditional characters: 騰飛上鐵，銳意 in train
     becomes the wb14123 test line 腾飞上铁，锐意 once simplified (9 of the 4000 wb14123 pairs
     were in the recipe's training data)."""
-    from conftest import COUPLETS, write
+    from apps.conftest import COUPLETS, write
 
     train = [*COUPLETS["train"], ("騰 飛 上 鐵 ， 銳 意", "風 雨 見 經 綸")]
     for side, index in (("up", 0), ("down", 1)):

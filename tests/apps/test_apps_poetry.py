@@ -115,7 +115,7 @@ def test_a_poem_held_out_after_simplification_leaves_training(poetry_shared, tmp
     poems were in the recipe's training data)."""
     import json
 
-    from conftest import QUATRAINS, write
+    from apps.conftest import QUATRAINS, write
 
     twin = {**QUATRAINS["valid"][0], "id": "t3",
             "lines": ["春眠不觉晓", *QUATRAINS["valid"][0]["lines"][1:]]}
