@@ -112,3 +112,14 @@ def check_device(name: str) -> None:
     except Exception as err:  # noqa: BLE001 - torch raises several types for devices it lacks
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise XindaError(f"--device {name}: not available here ({reason})") from None
+
+
+def set_threads(threads: int) -> None:
+    """``--threads``: torch's CPU threads (0: its default)."""
+    if threads < 0:
+        raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
+    if threads:
+        try:
+            torch.set_num_threads(threads)
+        except (RuntimeError, ValueError) as err:
+            raise XindaError(f"--threads {threads}: {err}") from None

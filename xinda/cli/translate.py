@@ -87,15 +87,10 @@ def translate(
                        ] = None,
 ) -> None:
     """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
-    import torch
-
     from xinda.decode.translator import Translator
-    from xinda.device import check_device
+    from xinda.device import check_device, set_threads
 
-    if threads < 0:
-        raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     sampler = _sampling_options(sampling, temperature, top_k, top_p, seed, samples)
     _check_outputs(output, attention_plot)
     lines = _read_input(input)

@@ -60,7 +60,7 @@ def serve(
     from pydantic import ValidationError
 
     from xinda.config import format_validation_error
-    from xinda.device import check_device
+    from xinda.device import check_device, set_threads
     from xinda.serve.app import run_server
 
     try:
@@ -75,16 +75,3 @@ def serve(
     set_threads(threads)
     check_device(device)
     run_server(model_dirs, settings, device, precision)
-
-
-def set_threads(threads: int) -> None:
-    """``--threads``: torch's CPU threads (0: its default)."""
-    import torch
-
-    if threads < 0:
-        raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
-    if threads:
-        try:
-            torch.set_num_threads(threads)
-        except (RuntimeError, ValueError) as err:
-            raise XindaError(f"--threads {threads}: {err}") from None

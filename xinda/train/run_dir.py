@@ -26,7 +26,6 @@ import torch
 
 from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, TrainConfig, load_config
-from xinda.data.manifest import load_split
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
 
@@ -115,10 +114,11 @@ def retire_average(out: Path, step: int) -> None:
                     averaged, aside.name)
 
 
-def check_lengths(data_dir: Path, split: str, max_positions: int) -> None:
-    """Refuse, before training, a split with a sentence longer than the model's position table
-    (with the BOS or EOS it gets): it would stop training with an error at its batch."""
-    for side, arrays in zip(("source", "target"), load_split(data_dir, split)):
+def check_lengths(data_dir: Path, split: str, pair: tuple, max_positions: int) -> None:
+    """Refuse, before training, a split (``pair``: its source and target arrays) with a
+    sentence longer than the model's position table (with the BOS or EOS it gets): it would
+    stop training with an error at its batch."""
+    for side, arrays in zip(("source", "target"), pair):
         if not len(arrays):
             continue
         longest = int(arrays.lengths.argmax())
@@ -130,10 +130,9 @@ def check_lengths(data_dir: Path, split: str, max_positions: int) -> None:
                 "it, or prepare with a smaller data.max_len (data.long_pairs: truncate for valid)")
 
 
-def warn_oversized(data_dir: Path, max_tokens: int) -> None:
-    """Warn about training pairs longer than ``max_tokens`` (with EOS): each becomes a batch of
-    its own, above the budget (memory use follows the longest of them)."""
-    src, tgt = load_split(data_dir, "train")
+def warn_oversized(src, tgt, max_tokens: int) -> None:
+    """Warn about training pairs (source and target arrays) longer than ``max_tokens`` (with
+    EOS): each becomes a batch of its own, above the budget (memory follows the longest)."""
     size = np.maximum(src.lengths, tgt.lengths) + 1
     over = int((size > max_tokens).sum())
     if over:

@@ -107,10 +107,12 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
         self.has_valid = "valid" in self.manifest["splits"]
-        for split in ("train", "valid")[:1 + self.has_valid]:
-            check_lengths(self.data_dir, split, self.model_cfg.max_positions)
+        limit = self.model_cfg.max_positions
+        check_lengths(self.data_dir, "train", (self.train_src, self.train_tgt), limit)
+        if self.has_valid:
+            check_lengths(self.data_dir, "valid", load_split(self.data_dir, "valid"), limit)
         if self.ranks.is_main:
-            warn_oversized(self.data_dir, tc.max_tokens)
+            warn_oversized(self.train_src, self.train_tgt, tc.max_tokens)
         self.progress = Progress()
         self.valid_bleu = valid_bleu
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
