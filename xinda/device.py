@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def limit_onednn_caches(capacity: int) -> None:
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX = -1, -3, 32 << 20
 
 
+@functools.cache
 def keep_freed_heap(trim_threshold: int = 1 << 30) -> bool:
     """glibc: serve allocations up to 32 MB from the heap and give freed heap memory back to
     the OS only beyond ``trim_threshold`` bytes. By default a training step's freed tensors

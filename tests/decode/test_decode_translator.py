@@ -137,3 +137,13 @@ def test_sampling_settings_need_sampling(translator):
 def test_max_len_a_must_be_finite_and_non_negative(translator, value, message):
     with pytest.raises(XindaError, match=f"^decode.max_len_a: .*{message}"):
         translator(TRANSFORMER).translate(["a house"], max_len_a=value)
+
+
+@pytest.mark.parametrize("keep_heap", [True, False])
+def test_decode_keep_heap_sets_the_allocator_only_when_asked(translator, monkeypatch,
+                                                             keep_heap):
+    calls = []
+    monkeypatch.setattr("xinda.decode.translator.keep_freed_heap", lambda: calls.append(1))
+    first = translator(TRANSFORMER, decode={**SHORT, "keep_heap": keep_heap})
+    out = first.translate(["the red house", "a dog"], beam=2)
+    assert len(out) == 2 and bool(calls) is keep_heap

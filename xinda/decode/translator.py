@@ -35,7 +35,7 @@ from xinda.decode.constraints import (
 from xinda.decode.ensemble import Ensemble, check_same_vocabularies
 from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
-from xinda.device import autocast, pick_precision
+from xinda.device import autocast, keep_freed_heap, pick_precision
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.quantize import quantize_int8
@@ -187,6 +187,8 @@ class Translator:
         for row, ids in enumerate(batch):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(self.device)
+        if dec.keep_heap and self.device.type == "cpu":
+            keep_freed_heap()
         precision = pick_precision(dec.precision, self.device)
         model = self.int8_model() if precision == "int8" else self.model
         with autocast(precision, self.device):
