@@ -92,7 +92,7 @@ def run_arm(work: Path, data_bin: Path, arm: str, args) -> dict:
     grown_at = None
     if arm == "progressive":
         grown_at = json.loads((model / "train_stats.json").read_text())["steps"]
-        bench.timed([*XINDA, "grow", str(model), "--to", str(args.layers), "--out", str(deep)],
+        bench.timed([*XINDA, "grow", str(model), "--to", str(args.layers), "--output", str(deep)],
                     run_dir / "grow.log")
         print(f"{arm}: grown to {args.layers}+3 layers, training {todo['deep_seconds']:g} s more",
               flush=True)

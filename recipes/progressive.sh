@@ -65,7 +65,7 @@ for phase in 2 3; do
   layers=$((H << (phase - 1)))
   NEXT=$OUT-${layers}l
   echo "== phase $phase: grow to $layers encoder layers -> $NEXT"
-  xinda grow "$DIR" --to "$layers" --out "$NEXT"
+  xinda grow "$DIR" --to "$layers" --output "$NEXT"
   [ "$PER" = 0 ] || steps=(--set "train.max_steps=$((phase * PER))")
   xinda train "$NEXT/config.yaml" --resume "${LIMIT[@]}" "${steps[@]}"
   SUMMARY+=$'\n'"phase $phase ($layers layers): valid loss $(last_valid_loss "$NEXT")"

@@ -32,7 +32,7 @@ def grown(prepared, write_config, xinda, tmp_path_factory):
     config = write_config(root / "shallow.yaml", prepared.raw, prepared.data_dir, shallow,
                           train={**TRAIN, "out_dir": str(shallow)})
     xinda("train", config)
-    proc = xinda("grow", shallow, "--to", "2")  # --out defaults to MODEL_DIR-2l
+    proc = xinda("grow", shallow, "--to", "2")  # --output defaults to MODEL_DIR-2l
     return shallow, root / "shallow-2l", proc
 
 
@@ -87,7 +87,7 @@ def test_resume_continues_with_the_lr_at_its_peak(grown, xinda):
 
 def test_refusals(grown, xinda, one_line_error, tmp_path):
     shallow, _, _ = grown
-    one_line_error(xinda("grow", shallow, "--to", "3", "--out", tmp_path / "x", ok=False),
+    one_line_error(xinda("grow", shallow, "--to", "3", "-o", tmp_path / "x", ok=False),
                    "1 < N <= 2")
     with pytest.raises(XindaError, match="1 < N <= 2"):
         grow_model_dir(shallow, 1, tmp_path / "y")

@@ -151,8 +151,9 @@ def average(model_dir: Path,
 def grow(model_dir: Path,
          to: Annotated[int, typer.Option("--to", help="encoder layers N of the grown model "
                                          "(h < N <= 2h)")],
-         out: Annotated[Path | None, typer.Option(help="new model directory "
-                                                  "(default: MODEL_DIR-Nl)")] = None) -> None:
+         out: Annotated[Path | None, typer.Option(
+             "-o", "--output", "--out", help="new model directory (default: MODEL_DIR-Nl)")
+         ] = None) -> None:
     """Copy the trained encoder of MODEL_DIR into an N-layer one (progressive training); then
     `xinda train OUT/config.yaml --resume` continues with the learning rate reset."""
     from xinda.train.grow import grow_model_dir
