@@ -119,10 +119,30 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--device", "bogus"), ("--device bogus: not available here",)),
     (("--sampling", "--nbest", "3"), ("--nbest: beam-search options", "--samples")),
     (("--sampling", "--beam", "7", "--stop", "best"), ("--beam, --stop: beam-search",)),
+    (("--set", "train.lr=1"), ("--set train", "decode.KEY=VALUE settings only")),
+    (("--set", "decode=3"), ("--set decode=", "name a setting")),
+    (("--set", "decode.beams=3"), ("decode.beams", "Extra inputs")),
+    (("--set", "decode.max_input_len=0"), ("decode.max_input_len", "greater than or equal")),
 ])
 def test_bad_values_are_one_line_errors(args, fragments, trained, files, xinda, one_line_error):
     folder, _ = files
     one_line_error(translate(xinda, trained, folder, *args, ok=False), *fragments)
+
+
+def test_set_reaches_any_decode_setting_and_the_options_win(trained, files, xinda):
+    """decode.max_input_len has no option of its own: --set cuts the inputs to one token
+    (the command says so); an explicit --beam beats --set decode.beam."""
+    folder, src = files
+    cut = translate(xinda, trained, folder, "--set", "decode.max_input_len=1")
+    assert len(cut.stdout.splitlines()) == len(src)
+    assert "5 inputs cut to decode.max_input_len=1 tokens" in cut.stderr
+    greedy = translate(xinda, trained, folder, "--beam", "1", "--scores").stdout
+    assert translate(xinda, trained, folder, "--set", "decode.beam=1", "--scores"
+                     ).stdout == greedy
+    assert translate(xinda, trained, folder, "--set", "decode.beam=3", "--scores"
+                     ).stdout != greedy
+    assert translate(xinda, trained, folder, "--set", "decode.beam=3", "--beam", "1",
+                     "--scores").stdout == greedy
 
 
 def test_prefix_file_of_another_length_is_a_one_line_error(trained, files, xinda,

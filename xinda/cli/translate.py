@@ -85,6 +85,8 @@ def translate(
     seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
     samples: Annotated[int | None, typer.Option(help="samples per line, written like --nbest")
                        ] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="any decode setting: decode.KEY=VALUE (the options above win)")] = None,
 ) -> None:
     """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
     from xinda.decode.translator import Translator
@@ -106,7 +108,8 @@ def translate(
                          "(--samples sets the outputs per line)")
     given = {"alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
              "max_len_b": max_len_b, "precision": precision, **search, **sampler}
-    options = {k: v for k, v in given.items() if v is not None}
+    options = {**_decode_overrides(set_ or []), **{k: v for k, v in given.items()
+                                                   if v is not None}}
     dec = translator.decode_settings(options)
     if sampler and not dec.sampling:
         raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
@@ -123,6 +126,19 @@ def translate(
     note = f"; {cut} inputs cut to decode.max_input_len={dec.max_input_len} tokens" if cut else ""
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "
           f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s){note}", file=sys.stderr)
+
+
+def _decode_overrides(overrides: list[str]) -> dict:
+    """The ``decode.KEY=VALUE`` settings of --set (values parsed as YAML), as options."""
+    from xinda.config import apply_overrides
+
+    tree = apply_overrides({}, overrides)
+    if other := sorted(set(tree) - {"decode"}):
+        raise XindaError(f"--set {other[0]}...: translate takes decode.KEY=VALUE settings only")
+    decode = tree.get("decode", {})
+    if not isinstance(decode, dict):
+        raise XindaError("--set decode=...: name a setting, e.g. decode.max_input_len=400")
+    return decode
 
 
 def _sampling_options(on: bool, temperature: float | None, top_k: int | None,
