@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import csv
 import json
 import shutil
 import statistics
@@ -167,7 +168,9 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
                   run_dir / "train.log", append=resume)
     stats = json.loads((model_dir / "train_stats.json").read_text())
     result = {"params": stats["parameters"], "updates": stats["steps"],
-              "tok_per_s": round(stats["tgt_tok_per_s"], 1), "runs_at_once": runs_at_once,
+              "tok_per_s": round(stats["tgt_tok_per_s"], 1),
+              "tok_per_s_median_window": window_tok_per_s(model_dir),
+              "runs_at_once": runs_at_once,
               "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg}
     if cfg["train"]["run_validation"]:
         timed([*xinda, "average", str(model_dir), "--last", str(AVERAGE_LAST)],
@@ -262,6 +265,7 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
             print(f"{label}: not finished, left out of the report", flush=True)
             return None
         result = train_and_score(pair, run_dir, cfg, args.threads, label, args.jobs)
+        add_window_speed(run_dir, result)
         keep_finished(run_dir, kept, hyp_name, work)
         return result
 
@@ -291,9 +295,38 @@ def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float | None:
     return round(results["BLEU"][1].p_value, 4)
 
 
+def window_tok_per_s(model_dir: Path) -> float | None:
+    """The median of the tokens/s of the training log's windows (``log.csv``, one row per
+    ``train.log_every`` updates): a window in which the run was stopped (SIGSTOP) or the
+    machine busy moves the run's total tokens/s, not this median. None without a log."""
+    log = model_dir / "log.csv"
+    if not log.exists():
+        return None
+    rows = list(csv.DictReader(log.open(encoding="utf-8")))
+    speeds = [float(r["tok_per_s"]) for r in rows if r.get("tok_per_s")]
+    return round(statistics.median(speeds), 1) if speeds else None
+
+
+def add_window_speed(run_dir: Path, result: dict) -> None:
+    """Give a finished run's result (and its result.json) the median window tokens/s when it
+    lacks one and its training log is still there (runs finished before it was recorded)."""
+    if result.get("tok_per_s_median_window") is not None:
+        return
+    if (speed := window_tok_per_s(run_dir / "model")) is not None:
+        result["tok_per_s_median_window"] = speed
+        (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def run_speed(result: dict) -> float:
+    """A run's training tokens/s: the median log window where known, else the total."""
+    return result.get("tok_per_s_median_window") or result["tok_per_s"]
+
+
 def speed_setting(result: dict) -> str:
-    """How a run's tok/s was measured: "threads × runs at once" (1 run for older results)."""
-    return f"{result['config']['train']['threads']} × {result.get('runs_at_once', 1)}"
+    """How a run's tok/s was measured: "threads × runs at once" (1 run for older results),
+    and whether it is the median log window or the whole run's total."""
+    kind = "median window" if result.get("tok_per_s_median_window") else "total"
+    return f"{result['config']['train']['threads']} × {result.get('runs_at_once', 1)}, {kind}"
 
 
 def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
@@ -312,7 +345,7 @@ def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
             "p_vs_baseline": None if system == "baseline" else [
                 paired_p(pair, pair_dir / "baseline" / f"seed{s}", pair_dir / system / f"seed{s}")
                 for s in sorted(by_seed)],
-            "tok_per_s": round(statistics.fmean(r["tok_per_s"] for r in by_seed.values())),
+            "tok_per_s": round(statistics.fmean(run_speed(r) for r in by_seed.values())),
             "tok_per_s_measured_with": " / ".join(dict.fromkeys(
                 speed_setting(r) for r in by_seed.values())),
             "best_valid_loss": round(statistics.fmean(r["best_valid_loss"]
@@ -358,7 +391,7 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              found: list[dict] = ()) -> str:
     buckets = list(rows[0]["bleu_by_length"]) if rows else []
     header = ["system", "params", "seeds", "BLEU (mean ± std)", "p vs baseline (per seed)",
-              "train tok/s (threads × runs at once)",
+              "train tok/s (threads × runs at once, how)",
               "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", ", ".join(map(str, r.get("seeds", []))),
@@ -404,7 +437,8 @@ def gate_throughput(pair: str, pair_dir: Path, args: argparse.Namespace) -> list
         cfg = run_config(pair, run_dir, pair_dir, model, 1, args)
         cfg["train"]["run_validation"] = False
         r = train_and_score(pair, run_dir, cfg, args.threads, f"[{pair}] {name}")
-        rows.append({"system": name, "params": r["params"], "tok_per_s": r["tok_per_s"]})
+        add_window_speed(run_dir, r)
+        rows.append({"system": name, "params": r["params"], "tok_per_s": run_speed(r)})
     return rows
 
 

@@ -302,11 +302,14 @@ def test_fusion_study_table_says_how_each_systems_tok_per_s_was_measured(tmp_pat
                 "valid_loss_change_last_fifth": -0.01, "config": {"train": {"threads": threads}},
                 "bleu_by_length": [{"bucket": "1-10", "sentences": 5, "bleu": 30.0}], **extra}
 
-    runs = {"baseline": {1: run(2, 3000.0), 2: run(1, 2000.0, runs_at_once=2)}}
+    runs = {"baseline": {1: run(2, 3000.0),
+                         2: run(1, 9.0, runs_at_once=2, tok_per_s_median_window=2000.0)}}
     row, = fusion_study.summarise("de-en", tmp_path, runs)
-    assert row["tok_per_s"] == 2500 and row["tok_per_s_measured_with"] == "2 × 1 / 1 × 2"
+    assert row["tok_per_s"] == 2500
+    assert row["tok_per_s_measured_with"] == "2 × 1, total / 1 × 2, median window"
     args = SimpleNamespace(size="small", updates=10, gate="elementwise", seeds="1,2")
-    assert "| 2500 (2 × 1 / 1 × 2) |" in fusion_study.markdown("de-en", [row], args)
+    assert "| 2500 (2 × 1, total / 1 × 2, median window) |" in fusion_study.markdown(
+        "de-en", [row], args)
 
 
 def test_progressive_times_both_arms_to_the_scratch_arms_best_loss_and_flags_an_early_growth():
@@ -366,3 +369,22 @@ def test_fusion_study_compares_the_papers_system_pairs_on_the_seeds_both_ran(mon
     assert tested == [(("sublayer-linear", "seed1"), ("sublayer", "seed1")),
                       (("sublayer-linear", "seed2"), ("sublayer", "seed2"))]
     assert "| +1.25 | 0.5 / 0.5 |" in "\n".join(fusion_study.comparisons_markdown([found]))
+
+
+def test_fusion_study_speed_is_the_median_log_window_and_filled_in_for_older_runs(tmp_path):
+    """A run stopped for a while inside one window (here 10 tok/s there) keeps its median
+    window speed; a result without one gets it from its log, and the report says which."""
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "log.csv").write_text(
+        "step,epoch,lr,train_loss,train_nll,tok_per_s,elapsed_s,valid_loss,valid_ppl,valid_bleu\n"
+        "98,1,,,,,,7.2,1022,\n100,2,5e-05,7.2,6.9,4000,10,,,\n200,3,1e-4,6,5.9,10,20,,,\n"
+        "300,4,1e-4,5,4.9,3000,30,,,\n")
+    assert fusion_study.window_tok_per_s(run / "model") == 3000.0
+    old = {"tok_per_s": 500.0, "config": {"train": {"threads": 2}}}
+    assert fusion_study.speed_setting(old) == "2 × 1, total"
+    fusion_study.add_window_speed(run, old)
+    assert fusion_study.run_speed(old) == 3000.0
+    assert json.loads((run / "result.json").read_text())["tok_per_s_median_window"] == 3000.0
+    assert fusion_study.speed_setting(old) == "2 × 1, median window"
+    assert fusion_study.window_tok_per_s(tmp_path) is None
