@@ -145,8 +145,19 @@ def test_cli_exports_and_refuses_to_overwrite(exported, tmp_path):
     assert ct2_translator(out).translate_batch(sources[:1], beam_size=1)[0].hypotheses
     with pytest.raises(XindaError, match="already exists"):
         export_ctranslate2(model_dir, out)
-    with pytest.raises(XindaError, match="may not hold the model"):
+    with pytest.raises(XindaError, match="may not hold"):
         export_ctranslate2(model_dir, model_dir.parent, force=True)
+    weights = sorted((model_dir / "checkpoints").glob("step_*.safetensors"))
+    for inside in (model_dir / "checkpoints", model_dir):  # before: checkpoints deleted
+        with pytest.raises(XindaError, match="may not hold"):
+            export_ctranslate2(model_dir, inside, force=True)
+    assert sorted((model_dir / "checkpoints").glob("step_*.safetensors")) == weights
+    outside = tmp_path / "weights" / "w.safetensors"
+    outside.parent.mkdir()
+    outside.write_bytes(weights[-1].read_bytes())
+    with pytest.raises(XindaError, match="may not hold .*w.safetensors"):
+        export_ctranslate2(model_dir, outside.parent, checkpoint=outside, force=True)
+    assert outside.exists()
     assert export_ctranslate2(model_dir, out, force=True) == out  # replaced
     assert ct2_translator(out).translate_batch(sources[:1], beam_size=1)[0].hypotheses
     (tmp_path / "file").write_text("kept")  # before: tracebacks, after the conversion
@@ -155,6 +166,20 @@ def test_cli_exports_and_refuses_to_overwrite(exported, tmp_path):
     with pytest.raises(XindaError, match="cannot write"):
         export_ctranslate2(model_dir, tmp_path / "file" / "sub")
     assert (tmp_path / "file").read_text() == "kept"
+
+
+@needs_ct2
+def test_export_to_the_current_folder_replaces_it_whole(exported, tmp_path, monkeypatch):
+    """Before: '.' put the temporary folder inside the output, deleted both, then failed."""
+    _, ct2_dir, sources = exported
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "old").write_text("replaced")
+    monkeypatch.chdir(here)
+    assert export_ctranslate2(ct2_dir.parent / "model", Path("."), force=True) == Path(".")
+    assert not (here / "old").exists() and (here / "model.bin").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".here.")]
+    assert ct2_translator(here).translate_batch(sources[:1], beam_size=1)[0].hypotheses
 
 
 @pytest.mark.parametrize(("model", "fragment"), [

@@ -126,3 +126,14 @@ def test_average_needs_at_least_one_checkpoint(grown, xinda, one_line_error, tmp
     assert not (tmp_path / "avg.safetensors").exists()
     one_line_error(xinda("average", tmp_path / "nothing", ok=False),
                    f"{tmp_path / 'nothing'}: no checkpoints")
+
+
+def test_average_never_writes_into_the_checkpoints(grown, xinda, one_line_error):
+    """Before: -o onto a step checkpoint replaced it, which then failed its checksum and was
+    skipped as incomplete: its training state was lost."""
+    shallow, _, _ = grown
+    step = sorted((shallow / "checkpoints").glob("step_*.safetensors"))[-1]
+    before = step.read_bytes()
+    one_line_error(xinda("average", shallow, "--last", "2", "-o", step, ok=False),
+                   "inside", "checkpoints")
+    assert step.read_bytes() == before

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import sacrebleu
 
@@ -97,11 +99,41 @@ def test_read_hyps_refs(tmp_path) -> None:
     hyp.write_text("a\nb\n", encoding="utf-8")
     ref.write_text("a\nb\nc\n", encoding="utf-8")
     with pytest.raises(XindaError) as err:
-        read_hyps_refs(hyp, ref)
+        read_hyps_refs(hyp, [ref])
     assert str(hyp) in str(err.value) and str(ref) in str(err.value)
     assert "\n" not in str(err.value)
     ref.write_text("a\nc\n", encoding="utf-8")
-    assert read_hyps_refs(hyp, ref) == (["a", "b"], ["a", "c"])
+    assert read_hyps_refs(hyp, [ref]) == (["a", "b"], [["a", "c"]])
+
+
+def test_hypotheses_are_read_once_for_several_references(tmp_path) -> None:
+    """Before: the hypotheses were read again per reference, so a pipe (/dev/stdin) had
+    0 lines for the second one."""
+    refs = [tmp_path / "r1.txt", tmp_path / "r2.txt"]
+    refs[0].write_text("a\nb\n", encoding="utf-8")
+    refs[1].write_text("x\ny\n", encoding="utf-8")
+    read, write = os.pipe()
+    os.write(write, b"a\nb\n")
+    os.close(write)
+    with os.fdopen(read, "rb", closefd=True):
+        assert read_hyps_refs(f"/dev/fd/{read}", refs) == (["a", "b"], [["a", "b"], ["x", "y"]])
+
+
+def test_an_empty_hypothesis_file_is_named(tmp_path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(XindaError, match=f"{empty}: no hypotheses to score"):
+        read_hyps_refs(empty, [empty])
+
+
+def test_a_bleu_tokenizer_that_cannot_load_is_one_line(monkeypatch) -> None:
+    """sacrebleu's mecab tokenizers need extras and flores/spm ones a download: before, a
+    RuntimeError or URLError traceback."""
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("Please install MeCab")
+    monkeypatch.setattr("xinda.evaluate.metrics.BLEU", unavailable)
+    with pytest.raises(XindaError, match="'ja-mecab' is not usable here: RuntimeError"):
+        corpus_scores(["a"], ["a"], ("bleu",), "ja-mecab")
 
 
 def test_rouge_hand_computed_with_stemming_and_two_references() -> None:

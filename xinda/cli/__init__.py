@@ -108,8 +108,7 @@ def evaluate(
         read_hyps_refs,
     )
 
-    streams = [read_hyps_refs(hypotheses, path) for path in references]
-    hyps, refs = streams[0][0], [stream for _, stream in streams]
+    hyps, refs = read_hyps_refs(hypotheses, references)
     sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
     for score in corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize):
         print(score)
@@ -137,12 +136,15 @@ def average(model_dir: Path,
                 "-o", "--output", help="default: MODEL_DIR/averaged.safetensors")] = None
             ) -> None:
     """Average the parameters of the last N checkpoints into MODEL_DIR/averaged.safetensors."""
-    from xinda.checkpoint import average_checkpoints, list_checkpoints
+    from xinda.checkpoint import average_checkpoints, checkpoint_dir, list_checkpoints
 
     paths = list_checkpoints(model_dir)[-last:]
     if not paths:
         raise XindaError(f"{model_dir}: no checkpoints to average")
     out = output or model_dir / "averaged.safetensors"
+    if checkpoint_dir(model_dir).resolve() in out.resolve().parents:
+        raise XindaError(f"{out}: inside {checkpoint_dir(model_dir)}, the training's own "
+                         "checkpoints (averaging writes elsewhere)")
     average_checkpoints(paths, out)
     print(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")
 

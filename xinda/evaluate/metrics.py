@@ -65,6 +65,9 @@ def _make_bleu(tokenize: str | None) -> BLEU:
         raise XindaError(
             f"unknown BLEU tokenizer {tokenize!r}; e.g. 13a, intl, zh, char, none"
         ) from None
+    except (ImportError, RuntimeError, OSError) as err:  # mecab extras, flores/spm downloads
+        raise XindaError(f"BLEU tokenizer {tokenize!r} is not usable here: "
+                         f"{type(err).__name__}: {err}") from None
 
 
 def _make_metric(name: str, tokenize: str | None) -> Metric:
@@ -268,13 +271,20 @@ def format_length_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def read_hyps_refs(hyp_path: str | Path, ref_path: str | Path) -> tuple[list[str], list[str]]:
-    """Read a hypothesis and a reference file (plain or .gz); their line counts must match."""
+def read_hyps_refs(hyp_path: str | Path, ref_paths: Sequence[str | Path]
+                   ) -> tuple[list[str], list[list[str]]]:
+    """Read a hypothesis file once and one or more reference files (plain or .gz; a pipe
+    such as /dev/stdin works for the hypotheses); every line count must match."""
     hyps = list(read_lines(hyp_path))
-    refs = list(read_lines(ref_path))
-    if len(hyps) != len(refs):
-        raise XindaError(
-            f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}; "
-            "hypotheses and references must be line-parallel"
-        )
-    return hyps, refs
+    if not hyps:
+        raise XindaError(f"{hyp_path}: no hypotheses to score (empty file)")
+    streams = []
+    for ref_path in ref_paths:
+        refs = list(read_lines(ref_path))
+        if len(hyps) != len(refs):
+            raise XindaError(
+                f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}; "
+                "hypotheses and references must be line-parallel"
+            )
+        streams.append(refs)
+    return hyps, streams

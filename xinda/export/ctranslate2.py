@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from xinda.checkpoint import checkpoint_dir
 from xinda.config import load_config
 from xinda.data.manifest import load_manifest
 from xinda.data.vocab import Vocab
@@ -88,11 +89,17 @@ def _ct2_spec() -> ModuleType:
                          f"{INSTALL_HINT}") from None
 
 
-def _check_output(model_dir: Path, out_dir: Path, force: bool) -> None:
-    """Refuse an existing ``out_dir`` without ``force``, and always the model's own folder."""
-    model, out = model_dir.resolve(), out_dir.resolve()
-    if out == model or out in model.parents:
-        raise XindaError(f"{out_dir}: the output folder may not hold the model directory")
+def _check_output(model_dir: Path, out_dir: Path, force: bool,
+                  checkpoint: Path | None = None) -> None:
+    """Refuse an existing ``out_dir`` without ``force``, and always a folder that is or holds
+    what the export reads: the model directory, its checkpoints, the ``checkpoint`` file."""
+    out = out_dir.resolve()
+    inputs = [model_dir, checkpoint_dir(model_dir), *([checkpoint] if checkpoint else [])]
+    for given in inputs:
+        path = Path(given).resolve()
+        if out == path or out in path.parents:
+            raise XindaError(f"{out_dir}: the output folder may not hold {given} (the export "
+                             "replaces the folder it writes)")
     if out_dir.exists() and not force:
         raise XindaError(f"{out_dir}: already exists (--force replaces it)")
     if out_dir.exists() and not out_dir.is_dir():
@@ -115,7 +122,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path,
     appears complete or not at all. Returns ``out_dir``."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     check_exportable(model_dir)
-    _check_output(model_dir, out_dir, force)
+    _check_output(model_dir, out_dir, force, None if checkpoint is None else Path(checkpoint))
+    target = out_dir.resolve()  # "." or "..": the temporary folder must sit beside it
     spec_module = _ct2_spec()
     translator = Translator.load(model_dir, checkpoint)
     vocabs = translator.vocabs
@@ -123,7 +131,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path,
         translator.model, vocabulary_tokens(vocabs.src), vocabulary_tokens(vocabs.tgt),
         _spm_files(model_dir))
     with write_errors(out_dir):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         try:
             converter.convert(str(tmp), quantization=quantization, force=True)
@@ -131,9 +139,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path,
             raise XindaError(f"CTranslate2 conversion failed: {' '.join(str(err).split())}"
                              ) from None
         with write_errors(out_dir):
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            tmp.rename(out_dir)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
