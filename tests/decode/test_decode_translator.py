@@ -147,3 +147,21 @@ def test_decode_keep_heap_sets_the_allocator_only_when_asked(translator, monkeyp
     first = translator(TRANSFORMER, decode={**SHORT, "keep_heap": keep_heap})
     out = first.translate(["the red house", "a dog"], beam=2)
     assert len(out) == 2 and bool(calls) is keep_heap
+
+
+def test_ban_source_copy_bans_every_source_token_past_the_configs_cut(translator, caplog):
+    """Before: the ban list was cut at this config's max_input_len (with a second truncation
+    warning), so a call with a larger limit decoded tokens it could still copy."""
+    tr = translator(TRANSFORMER, decode={"max_input_len": 3})
+    line = "the house dog on a red street"
+    [ban] = tr.constraints_for([line], ban_source_copy=True)
+    assert not [r for r in caplog.records if "truncated" in r.getMessage()]
+    assert set(ban.tokens[0]) == set(tr.source_ids(line, False)) - {tr.tgt_vocab.unk}
+
+
+def test_unk_itself_can_be_banned(translator):
+    """Before: '<unk>' was refused as 'not one target piece'."""
+    tr = translator(TRANSFORMER)
+    unk_piece = tr.tgt_vocab.ids_to_pieces([tr.tgt_vocab.unk])[0]
+    [ban] = tr.constraints_for(["a"], ban=[unk_piece])
+    assert tr.tgt_vocab.unk in ban.ids

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from xinda.config import DecodeConfig
 from xinda.decode.constraints import ExactLength, TargetPrefix
 from xinda.decode.sampling import SamplingConfig
 from xinda.decode.translator import UNSATISFIABLE, Translator
@@ -119,6 +120,9 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--device", "bogus"), ("--device bogus: not available here",)),
     (("--sampling", "--nbest", "3"), ("--nbest: beam-search options", "--samples")),
     (("--sampling", "--beam", "7", "--stop", "best"), ("--beam, --stop: beam-search",)),
+    (("--set", "decode.sampling=true", "--nbest", "3", "--beam", "4"),
+     ("--beam, --nbest: beam-search options",)),  # before: silently ignored
+    (("--sampling", "--set", "decode.nbest=3"), ("decode.nbest: beam-search options",)),
     (("--set", "train.lr=1"), ("--set train", "decode.KEY=VALUE settings only")),
     (("--set", "decode=3"), ("--set decode=", "name a setting")),
     (("--set", "decode.beams=3"), ("decode.beams", "Extra inputs")),
@@ -136,6 +140,12 @@ def test_set_reaches_any_decode_setting_and_the_options_win(trained, files, xind
     cut = translate(xinda, trained, folder, "--set", "decode.max_input_len=1")
     assert len(cut.stdout.splitlines()) == len(src)
     assert "5 inputs cut to decode.max_input_len=1 tokens" in cut.stderr
+    table = Translator.load(trained.model_dir).source_limit(DecodeConfig(max_input_len=10**6))
+    long_line = folder / "long.txt"
+    long_line.write_text("1 " * (table + 5) + "\n", encoding="utf-8")
+    cut = xinda("translate", trained.model_dir, "-i", long_line, "--threads", "1", "--beam", "1",
+                "--max-len-a", "0", "--max-len-b", "2", "--set", "decode.max_input_len=100000")
+    assert f"1 inputs cut to {table} (the model's position table) tokens" in cut.stderr
     greedy = translate(xinda, trained, folder, "--beam", "1", "--scores").stdout
     assert translate(xinda, trained, folder, "--set", "decode.beam=1", "--scores"
                      ).stdout == greedy

@@ -103,14 +103,16 @@ def translate(
                                              no_repeat_ngram, ban_source_copy, exact_length,
                                              input_format)
     search = {"beam": beam, "nbest": nbest, "coverage": coverage, "stop": stop}
-    if sampling and (used := [f"--{k}" for k, v in search.items() if v is not None]):
-        raise XindaError(f"{', '.join(used)}: beam-search options, not used with --sampling "
-                         "(--samples sets the outputs per line)")
     given = {"alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
              "max_len_b": max_len_b, "precision": precision, **search, **sampler}
-    options = {**_decode_overrides(set_ or []), **{k: v for k, v in given.items()
-                                                   if v is not None}}
+    overrides = _decode_overrides(set_ or [])
+    options = {**overrides, **{k: v for k, v in given.items() if v is not None}}
     dec = translator.decode_settings(options)
+    used = [f"--{k}" for k, v in search.items() if v is not None] + [
+        f"decode.{k}" for k in search if k in overrides]
+    if dec.sampling and used:  # sampling from --sampling, --set or the model's config
+        raise XindaError(f"{', '.join(used)}: beam-search options, not used when sampling "
+                         "(--sampling or decode.sampling; --samples sets the outputs per line)")
     if sampler and not dec.sampling:
         raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
     start = time.perf_counter()
@@ -123,7 +125,10 @@ def translate(
     if attention_plot is not None:
         _plot_attention(results, attention_plot)
     cut = sum(nbest[0].truncated_from is not None for nbest in results)
-    note = f"; {cut} inputs cut to decode.max_input_len={dec.max_input_len} tokens" if cut else ""
+    limit = translator.source_limit(dec)
+    what = (f"decode.max_input_len={limit}" if limit == dec.max_input_len
+            else f"{limit} (the model's position table)")
+    note = f"; {cut} inputs cut to {what} tokens" if cut else ""
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "
           f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s){note}", file=sys.stderr)
 

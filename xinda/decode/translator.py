@@ -237,9 +237,10 @@ class Translator:
         if no_repeat_ngram:
             out.append(NoRepeatNgram(no_repeat_ngram))
         if ban_source_copy:
-            sources = [self.encode_source(line, input_format == "pieces") or []
-                       for line in lines]
-            copies = [[i for i in self.tgt_vocab.pieces_to_ids(self._source_pieces(s))
+            # every source token, also past a cut (translate's limit may differ from
+            # this config's): at worst a token the decoder did not see is banned too
+            sources = [self.source_ids(line, input_format == "pieces") for line in lines]
+            copies = [[i for i in self.tgt_vocab.pieces_to_ids(self.src_vocab.ids_to_pieces(s))
                        if i != self.tgt_vocab.unk] for s in sources]
             out.append(BanSourceTokens(copies, self.model.vocab))
         if exact_length is not None:
@@ -257,7 +258,8 @@ class Translator:
         """The target ids that spell ``word`` in one piece: the piece ``word`` itself and the
         one piece the target pipeline makes of the word (e.g. "▁word"), where they exist."""
         unk = self.tgt_vocab.unk
-        ids = {i for i in self.tgt_vocab.pieces_to_ids([word]) if i != unk}
+        unk_piece = self.tgt_vocab.ids_to_pieces([unk])[0]  # "<unk>" itself may be banned
+        ids = {i for i in self.tgt_vocab.pieces_to_ids([word]) if i != unk or word == unk_piece}
         encoded = self.encode_target(word)
         if len(encoded) == 1 and encoded[0] != unk:
             ids.add(encoded[0])
