@@ -122,6 +122,17 @@ def test_filters_by_hand():
     assert top_p_filter(shuffled, 0.8).isfinite()[0].tolist() == [False, True, False, True]
 
 
+@pytest.mark.parametrize("top_p", [1e-46, 5e-324])
+def test_a_top_p_below_float32_keeps_the_most_probable_token(top_p):
+    """Before: p rounded to 0 in float32 put every token outside the nucleus, and sampling
+    failed on a NaN distribution (a 500 from the server)."""
+    scores = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]).log()
+    assert top_p_filter(scores, top_p).isfinite().tolist() == [[True, False, False],
+                                                               [False, False, True]]
+    cfg = SamplingConfig(top_p=top_p)
+    assert sampler(cfg, cfg.generator())(scores).tolist() == [0, 2]
+
+
 @pytest.mark.parametrize("temperature", [1e-300, 1e-45, 1e-38, 1e-30, 5e-324])
 def test_tiny_temperatures_pick_the_best_allowed_token(temperature):
     """However cold (down to temperatures whose reciprocal overflows float32 or float64),

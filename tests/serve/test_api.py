@@ -4,6 +4,8 @@ status, after which the worker still serves."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -56,7 +58,7 @@ def test_translate_one_text_and_a_list(client):
     assert batched == entry
 
 
-@pytest.mark.parametrize("text", ["", " \t", ["one", ""]])
+@pytest.mark.parametrize("text", ["", " \t", ["one", ""], "\u0001\u0002", ["one", "\x7f"]])
 def test_an_empty_text_is_a_bad_request_naming_it(client, text):
     response = post(client, "/v1/translate", model="numbers", text=text)
     assert response.status_code == 422
@@ -291,6 +293,16 @@ def test_web_page_and_docs(client):
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/translate", "/v1/couplet", "/v1/poem", "/v1/models", "/health"} <= set(paths)
+
+
+def test_the_pages_beam_and_n_best_stop_at_the_apis_limit(client):
+    """Before: the page offered up to 64, and the API refused anything above 32 with a 422."""
+    from xinda.serve.schemas import MAX_BEAM
+
+    page = client.get("/").text
+    for name in ("beam", "n-best", "couplet-n-best", "poem-n-best"):
+        field = re.search(rf'<input id="{name}"[^>]*>', page).group(0)
+        assert f'max="{MAX_BEAM}"' in field, field
 
 
 def test_models_served_in_int8(served_model_dir, served_models):

@@ -85,9 +85,19 @@ def test_api_key(make_client):
             assert response.json()["error"]["code"] == "unauthorized"
         assert client.get("/v1/models").status_code == 401
         assert client.get("/metrics").status_code == 401
-        for headers in ({"X-API-Key": "s3cret"}, {"Authorization": "Bearer s3cret"}):
+        for headers in ({"X-API-Key": "s3cret"}, {"Authorization": "Bearer s3cret"},
+                        {"Authorization": "bearer s3cret"}):  # the scheme in any case
             assert client.post("/v1/translate", json={"text": "one"},
                                headers=headers).status_code == 200
+
+
+def test_a_non_ascii_api_key_matches_its_utf8_bytes(make_client):
+    """Before: the header (decoded as Latin-1) was re-encoded as UTF-8: never equal."""
+    with make_client(api_key="sécret") as client:
+        for headers in ({"X-API-Key": "sécret".encode()},
+                        {"Authorization": "Bearer sécret".encode()}):
+            assert client.get("/v1/models", headers=headers).status_code == 200
+        assert client.get("/v1/models", headers={"X-API-Key": b"secret"}).status_code == 401
 
 
 def test_cors_is_off_unless_configured(make_client):
@@ -99,6 +109,10 @@ def test_cors_is_off_unless_configured(make_client):
         assert headers["access-control-allow-origin"] == "http://example.test"
         other = client.get("/health", headers={"Origin": "http://evil.test"}).headers
         assert "access-control-allow-origin" not in other
+        refused = client.post("/v1/translate", content=b'{"text": "one"}',
+                              headers={**origin, "Content-Type": "text/plain"})
+        assert refused.status_code == 415  # before: the guard's refusals had no CORS header
+        assert refused.headers["access-control-allow-origin"] == "http://example.test"
 
 
 def test_metrics(make_client):
@@ -134,3 +148,31 @@ def test_apps_have_their_own_metrics(served_models):
 def test_settings_are_checked(bad):
     with pytest.raises(ValueError):
         ServeSettings(**bad)
+
+
+def test_a_client_gone_before_its_body_is_not_a_server_error():
+    """Before: a client that disconnected mid-body was counted as a 500."""
+    import asyncio
+
+    from xinda.serve.metrics import Metrics
+    from xinda.serve.middleware import CLIENT_GONE, RequestGuard
+
+    async def app(scope, receive, send):
+        pytest.fail("the app ran without a body")
+
+    messages = iter([{"type": "http.request", "body": b'{"te', "more_body": True},
+                     {"type": "http.disconnect"}])
+
+    async def receive():
+        return next(messages)
+
+    async def send(message):
+        pytest.fail("nothing to answer")
+
+    metrics = Metrics({"/v1/translate"})
+    scope = {"type": "http", "method": "POST", "path": "/v1/translate",
+             "headers": [(b"content-type", b"application/json")]}
+    asyncio.run(RequestGuard(app, metrics, 1000)(scope, receive, send))
+    text = metrics.render().decode()
+    assert f'endpoint="/v1/translate",status="{CLIENT_GONE}"}} 1.0' in text
+    assert 'status="500"' not in text

@@ -81,6 +81,7 @@ def top_p_filter(scores: Tensor, p: float) -> Tensor:
     ordered, order = scores.sort(dim=-1, descending=True)  # (R, V)
     probs = ordered.softmax(dim=-1)
     outside = (probs.cumsum(dim=-1) - probs) >= p  # mass before the token already >= p
+    outside[:, 0] = False  # even where p rounds to 0 in the scores' dtype
     return scores.masked_fill(outside.scatter(1, order, outside), NEG_INF)
 
 

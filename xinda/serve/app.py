@@ -47,6 +47,7 @@ from xinda.serve.schemas import (
 )
 from xinda.serve.settings import LOOPBACK, ServeSettings
 from xinda.serve.worker import Job, Worker
+from xinda.utils import replace_control_chars
 
 log = logging.getLogger("xinda")
 STATIC = Path(__file__).with_name("static")
@@ -70,9 +71,11 @@ class Service:
         key = self.settings.api_key
         if key is None:
             return
-        given = request.headers.get("x-api-key") or \
-            request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), key.encode()):
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = request.headers.get("x-api-key") or (
+            token.strip() if scheme.lower() == "bearer" else "")  # the scheme: any case
+        # header values arrive decoded as Latin-1: their bytes are what the client sent
+        if not hmac.compare_digest(given.encode("latin-1"), key.encode("utf-8")):
             raise ApiError(401, "unauthorized", "a valid API key is required (header "
                            "X-API-Key or Authorization: Bearer)", {"WWW-Authenticate": "Bearer"})
 
@@ -104,9 +107,9 @@ class Service:
             raise ApiError(422, "too_many_texts", f"{field}: {len(texts)} texts, at most "
                            f"{limits.max_texts} per request")
         for i, line in enumerate(texts):
-            if not empty_ok and not line.strip():
-                raise ApiError(422, "invalid_request", f"{field}[{i}]: empty text; send only "
-                               "lines with something to translate")
+            if not empty_ok and not replace_control_chars(line).strip():
+                raise ApiError(422, "invalid_request", f"{field}[{i}]: empty text (or control "
+                               "characters only); send only lines with something to translate")
             if len(line) > limits.max_chars:
                 raise ApiError(422, "text_too_long", f"{field}[{i}]: {len(line)} characters, "
                                f"at most {limits.max_chars}")
@@ -262,11 +265,11 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
         return {"status": "ok", "models": list(svc.models)}
 
     app.include_router(routes(svc))
-    if settings.cors_origins:
+    app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes)
+    if settings.cors_origins:  # added last = outermost: the guard's refusals get CORS too
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", "Authorization", "X-API-Key"])
-    app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes)
     app.mount("/", StaticFiles(directory=STATIC, html=True), name="static")
     return app
 

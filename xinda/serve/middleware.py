@@ -12,6 +12,7 @@ from xinda.serve.errors import error_response
 from xinda.serve.metrics import Metrics
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
+CLIENT_GONE = 499  # the metrics' status of a request whose client left before its body came
 
 
 class RequestGuard:
@@ -35,21 +36,23 @@ class RequestGuard:
         self.metrics.in_flight.inc()
         try:
             if scope["method"] in BODY_METHODS:
-                await self._with_body(scope, receive, send_status)
+                if not await self._with_body(scope, receive, send_status):
+                    status[0] = CLIENT_GONE
             else:
                 await self.app(scope, receive, send_status)
         finally:
             self.metrics.in_flight.dec()
             self.metrics.request(scope["path"], status[0], time.perf_counter() - start)
 
-    async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the body (at most ``max_body_bytes``), check it, hand it on."""
+    async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Read the body (at most ``max_body_bytes``), check it, hand it on; False when the
+        client disconnected before sending all of it."""
         refusal = self._declared_too_large(scope)
         chunks, size, more = [], 0, refusal is None
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return False
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             more = message.get("more_body", False)
@@ -64,8 +67,9 @@ class RequestGuard:
             refusal = error_response(400, "bad_encoding", "the request body is not valid UTF-8")
         if refusal is not None:
             await refusal(scope, receive, send)
-            return
+            return True
         await self.app(scope, _replay(body, receive), send)
+        return True
 
     def _declared_too_large(self, scope: Scope):
         """The 413 response when the Content-Length header is over the limit (or bad)."""
