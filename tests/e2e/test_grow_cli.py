@@ -132,7 +132,7 @@ def test_average_never_writes_into_the_checkpoints(grown, xinda, one_line_error)
     """Before: -o onto a step checkpoint replaced it, which then failed its checksum and was
     skipped as incomplete: its training state was lost."""
     shallow, _, _ = grown
-    step = sorted((shallow / "checkpoints").glob("step_*.safetensors"))[-1]
+    step = max((shallow / "checkpoints").glob("step_*.safetensors"))
     before = step.read_bytes()
     one_line_error(xinda("average", shallow, "--last", "2", "-o", step, ok=False),
                    "inside", "checkpoints")
