@@ -1,7 +1,7 @@
 """Decoding speed of one trained model on xinda (fp32, bf16, int8) and on CTranslate2 (the same
 model exported with ``xinda export ctranslate2``, float32 and int8), in one process (issue 15).
 
-    python benchmarks/decode_speed.py [--model runs/serve/multi30k-1800] [--threads 2]
+    python benchmarks/decode_speed.py [--model runs/serve/multi30k-en-de-1315] [--threads 2]
         [--repeats 3] [--latency 100] [--sentences 0] [--out-dir docs/results]
 
 Every system decodes the same sentencepiece pieces of Multi30k test2016 (1000 sentences):
@@ -31,11 +31,10 @@ import sacrebleu
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import ROOT, SHARED, markdown_table
+from multi30k import ROOT, SERVE_MODEL, SERVE_MODEL_HINT, SHARED, markdown_table
 
 from xinda.decode.translator import Translator
 
-DEFAULT_MODEL = ROOT / "runs" / "serve" / "multi30k-en-de-1315"
 BATCH, BEAM = 64, 5
 Decode = Callable[[list[list[str]], int, int], list[list[str]]]  # pieces, beam, batch -> pieces
 
@@ -149,7 +148,7 @@ def report(rows: list[dict], meta: dict, out_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--model", type=Path, default=SERVE_MODEL)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency", type=int, default=100, help="sentences timed at batch 1")
@@ -158,7 +157,8 @@ def main() -> None:
     args = parser.parse_args()
     test = SHARED / "multi30k" / "test2016"
     if not test.with_suffix(".en").exists() or not (args.model / "config.yaml").exists():
-        sys.exit(f"skipped: needs {test}.en and a trained model in {args.model}")
+        sys.exit(f"skipped: needs {test}.en and a trained model in {args.model}; train the "
+                 f"default one (from {ROOT}) with:\n  {SERVE_MODEL_HINT}")
     torch.set_num_threads(args.threads)
     translator = Translator.load(args.model)
     keep = slice(0, args.sentences or None)

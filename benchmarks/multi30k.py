@@ -27,6 +27,13 @@ from xinda.device import cpu_cores, oversubscription_warning
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("XINDA_SHARED_DATA", ROOT.parent / "shared" / "data"))
+# The model the serving and decoding benchmarks time (1315 updates of transformer-small on
+# Multi30k en-de), and how to train it from ROOT
+SERVE_MODEL = ROOT / "runs" / "serve" / "multi30k-en-de-1315"
+SERVE_MODEL_HINT = (
+    "xinda prepare recipes/multi30k-en-de.yaml --set data.out_dir=runs/serve/data-bin"
+    " && xinda train recipes/multi30k-en-de.yaml --set data.out_dir=runs/serve/data-bin"
+    " --set train.out_dir=runs/serve/multi30k-en-de-1315 --set train.max_steps=1315")
 
 PAIRS = {
     # Multi30k: raw text straight into a joint 8k BPE, as in ../shared/bench.

@@ -1,7 +1,7 @@
 """Load benchmark of ``xinda serve`` (issue 13): batching across requests on vs off, and a queue
 too small for the load.
 
-    python benchmarks/serve_load.py [--model runs/serve/multi30k-en-de] [--clients 50]
+    python benchmarks/serve_load.py [--model runs/serve/multi30k-en-de-1315] [--clients 50]
         [--seconds 60] [--warmup 5] [--repeats 1] [--threads 0] [--precision fp32|int8]
         [--out-dir docs/results]
 
@@ -38,12 +38,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import ROOT, SHARED, markdown_table
+from multi30k import ROOT, SERVE_MODEL, SERVE_MODEL_HINT, SHARED, markdown_table
 
-DEFAULT_MODEL = ROOT / "runs" / "serve" / "multi30k-en-de-1315"
-TRAIN_HINT = ("xinda prepare recipes/multi30k-en-de.yaml --set data.out_dir=runs/serve/data-bin"
-              " && xinda train recipes/multi30k-en-de.yaml --set data.out_dir=runs/serve/data-bin"
-              " --set train.out_dir=runs/serve/multi30k-en-de-1315 --set train.max_steps=1315")
 STARTUP_S = 180  # imports torch and loads the model on a busy machine
 STOP_S = 15  # SIGTERM, then SIGKILL after this long
 BACKOFF_S = 0.05  # a client's pause after a refusal (keeps 429s from spinning the CPU)
@@ -316,7 +312,7 @@ def read_sources(path: Path) -> list[str]:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory")
+    ap.add_argument("--model", type=Path, default=SERVE_MODEL, help="model directory")
     ap.add_argument("--sources", type=Path, default=SHARED / "multi30k" / "test2016.en",
                     help="source lines to send (default: the Multi30k test2016.en)")
     ap.add_argument("--clients", type=int, default=50)
@@ -338,7 +334,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if not args.model.is_dir():
-        print(f"skipped: no model at {args.model}; train one (from {ROOT}) with:\n  {TRAIN_HINT}")
+        print(f"skipped: no model at {args.model}; train one (from {ROOT}) with:\n  {SERVE_MODEL_HINT}")
         return
     if not args.sources.is_file():
         print(f"skipped: {args.sources} not found (set XINDA_SHARED_DATA or give --sources)")
