@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import sys
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -165,3 +166,14 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
         if lineno == 1:
             line = line.removeprefix("\ufeff")  # byte-order mark
         yield line.rstrip("\r\n")
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to standard output and flush it; a failed write (a full disk, a closed
+    pipe) is a one-line XindaError, and nothing is flushed again at exit."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as err:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - to the end
+        raise XindaError(f"stdout: cannot write the output: {err.strerror or err}") from None

@@ -19,6 +19,7 @@ from xinda.decode.translator import Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import (
     is_punctuation,
+    poem_layout_ok,
     repetition_pattern,
     rhymes,
     tone_rule_rate,
@@ -106,10 +107,11 @@ def test_most_couplets_are_written(translator):
 @pytest.mark.parametrize("acrostic", ["", "春夏秋冬", "江山"])
 def test_every_poem_has_the_layout_and_the_acrostic(translator, form, acrostic):
     prompt = PoemPrompt(keywords=("江山",), form=form, acrostic=acrostic)
-    for out in write_poems(translator, [prompt], nbest=3, rhyme=True)[0]:
+    rhyme = len(acrostic) in (0, 4)  # a 2-line poem has no line 4 to rhyme
+    for out in write_poems(translator, [prompt], nbest=3, rhyme=rhyme)[0]:
         assert out.error is None
         marks, length = template(form, len(acrostic) or 4)
-        assert len(out.text) == length
+        assert len(out.text) == length and out.text.endswith("。")  # before: 2 lines ended "，"
         assert all(out.text[pos] == mark for pos, mark in marks.items())
         lines = [out.text[k * (form + 1): k * (form + 1) + form] for k in range(len(marks))]
         assert all(len(line) == form and not any(map(is_punctuation, line)) for line in lines)
@@ -124,13 +126,27 @@ def test_every_poem_has_the_layout_and_the_acrostic(translator, form, acrostic):
     (PoemPrompt(acrostic="春a"), "acrostic characters must be Han characters"),
     (PoemPrompt(), "give keywords or an acrostic"),
     (PoemPrompt(acrostic="龘"), "'龘' is not a character this model can write"),
+    (PoemPrompt(acrostic="春夏秋"), "rhyme rule ties line 4 to line 2"),  # before: ignored
 ])
 def test_bad_poem_prompts_are_one_line_errors(translator, prompt, message):
     with pytest.raises(XindaError, match=message):
-        write_poems(translator, [prompt])
+        write_poems(translator, [prompt], rhyme="rhyme" in message)
 
 
-@pytest.mark.parametrize("empty", ["  ", "\x00\x01", " \x1b\t"])
+def test_odd_poems_end_with_a_full_stop():
+    assert template(5, 3) == ({5: "，", 11: "。", 17: "。"}, 18)
+    assert poem_layout_ok("春风吹绿柳，夏雨润青山。秋月照江水。", 5, 3, "春夏秋")
+    assert not poem_layout_ok("春风吹绿柳，夏雨润青山。秋月照江水，", 5, 3)
+
+
+@pytest.mark.parametrize("up", ["\ufeff春风", "春\u200b风", "春风\u2060"])
+def test_invisible_characters_take_no_position_in_a_couplet(translator, up):
+    """Before: a BOM or zero-width space counted as a character: 3-character second lines."""
+    for out in write_couplets(translator, [up], nbest=2)[0]:
+        assert out.error is None and len(out.text) == 2, out
+
+
+@pytest.mark.parametrize("empty", ["  ", "\x00\x01", " \x1b\t", "\u200b\ufeff"])
 def test_an_empty_first_line_is_an_error(translator, empty):
     """Before: control characters only gave ("", 0.0), a score no real output beats."""
     with pytest.raises(XindaError, match="first line 2 is empty"):
@@ -167,6 +183,16 @@ def test_commands_reject_bad_prompts_in_one_line(model_dir, args, message):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("xinda: error: ")
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_full_stdout_is_one_line(model_dir):
+    """Before: an OSError traceback (No space left on device)."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "xinda.cli", "couplet", str(model_dir),
+                               "春风"], stdout=full, stderr=subprocess.PIPE, text=True,
+                              check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("xinda: error: stdout: cannot write")
 
 
 def two_piece_table():

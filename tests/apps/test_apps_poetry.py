@@ -107,6 +107,13 @@ def test_missing_folder_and_bad_records(poetry_shared, tmp_path):
     valid.write_text(good + json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
     with pytest.raises(XindaError, match=r"valid.jsonl:2: not a quatrain"):
         write_poetry_corpus(poetry_shared, tmp_path / "raw")
+    lines = ["白日依山盡", "黃河入海流", "欲窮千里目", "更上一層樓"]
+    for bad in ({"title": None, "lines": lines}, {"title": "t", "lines": None},
+                {"title": "t", "lines": [1, 2, 3, 4]}):  # before: AttributeError/TypeError
+        valid.write_text(good + json.dumps({"id": "v2", **bad}, ensure_ascii=False) + "\n",
+                         encoding="utf-8")
+        with pytest.raises(XindaError, match=r"valid.jsonl:2: title must be a string"):
+            write_poetry_corpus(poetry_shared, tmp_path / "raw")
 
 
 def test_a_poem_held_out_after_simplification_leaves_training(poetry_shared, tmp_path):

@@ -7,6 +7,7 @@ A line whose rules no hypothesis can satisfy comes back as an ``Output`` with ``
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,13 +50,20 @@ def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[l
             for nbest, line_texts in zip(results, texts)]
 
 
+def _visible(line: str) -> str:
+    """``line`` without whitespace, control characters and invisible format characters
+    (a BOM, zero-width spaces): what takes a position in a couplet."""
+    kept = (c for c in replace_control_chars(line) if unicodedata.category(c) != "Cf")
+    return "".join("".join(kept).split())
+
+
 def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
                    no_copy: bool = False, tone: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best second lines of each first line (``CoupletRules``); punctuation of
     the first line is copied to the same positions. ``options``: decode settings (beam, ...).
-    Whitespace and control characters are not part of a first line (the text pipeline drops
-    them); a first line of nothing else is a XindaError."""
-    lines = ["".join(replace_control_chars(up).split()) for up in ups]
+    Whitespace, control and format characters are not part of a first line (``_visible``); a
+    first line of nothing else is a XindaError."""
+    lines = [_visible(up) for up in ups]
     for i, line in enumerate(lines, start=1):
         if not line:
             raise XindaError(f"first line {i} is empty (or control characters only): a couplet "
@@ -90,6 +98,10 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
     sources, layouts, lengths, heads = [], [], [], []
     for i, prompt in enumerate(prompts, start=1):
         prompt.check(f"prompt {i}")
+        if rhyme and 0 < len(prompt.acrostic) < 4:
+            raise XindaError(f"prompt {i}: the rhyme rule ties line 4 to line 2, and an "
+                             f"acrostic of {len(prompt.acrostic)} writes "
+                             f"{len(prompt.acrostic)} lines")
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
         layouts.append({pos: table.check(mark, "punctuation mark") for pos, mark in
                         marks.items()})

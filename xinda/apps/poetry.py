@@ -43,7 +43,7 @@ from xinda.apps.corpus import (
     write_split,
 )
 from xinda.errors import XindaError
-from xinda.evaluate.generation import is_han, poem_lines, rhymes
+from xinda.evaluate.generation import is_han, line_mark, poem_lines, rhymes
 from xinda.utils import read_lines
 
 __all__ = ["FORMS", "is_han", "keywords", "poem_lines", "poem_text", "rhymes", "source_text",
@@ -70,17 +70,17 @@ def _jieba():
 def template(form: int, lines: int = 4) -> tuple[dict[int, str], int]:
     """The layout of a poem of ``lines`` lines of ``form`` characters: (position ->
     punctuation mark, total length). Line k (0-based) takes positions k*(form+1) ..
-    k*(form+1)+form-1 and is followed by "，" when k is even, "。" when odd:
-    ``template(5)`` -> ``({5: "，", 11: "。", 17: "，", 23: "。"}, 24)``."""
+    k*(form+1)+form-1 and is followed by its ``line_mark`` ("，" when k is even, "。" when
+    odd or last): ``template(5)`` -> ``({5: "，", 11: "。", 17: "，", 23: "。"}, 24)``."""
     if form < 1 or lines < 1:
         raise ValueError(f"a poem needs form >= 1 and lines >= 1, got {form}, {lines}")
-    marks = {k * (form + 1) + form: "，。"[k % 2] for k in range(lines)}
+    marks = {k * (form + 1) + form: line_mark(k, lines) for k in range(lines)}
     return marks, lines * (form + 1)
 
 
 def poem_text(lines: Sequence[str]) -> str:
     """The poem's lines as one target line, with the marks of ``template``."""
-    return "".join(line + "，。"[k % 2] for k, line in enumerate(lines))
+    return "".join(line + line_mark(k, len(lines)) for k, line in enumerate(lines))
 
 
 def source_text(form: int, words: Sequence[str]) -> str:
@@ -105,6 +105,9 @@ def _poem(record: object, where: str) -> tuple[str, list[str], str]:
     """(title, lines, id) of one JSON record, simplified; XindaError if it is not a quatrain."""
     if not isinstance(record, dict) or not {"id", "title", "lines"} <= record.keys():
         raise XindaError(f"{where}: expected an object with id, title and lines")
+    if not isinstance(record["title"], str) or not isinstance(record["lines"], list) or \
+            not all(isinstance(line, str) for line in record["lines"]):
+        raise XindaError(f"{where}: title must be a string and lines a list of strings")
     lines = [to_simplified(line) for line in record["lines"]]
     if len(lines) != 4 or len({len(line) for line in lines}) != 1 or len(lines[0]) not in FORMS:
         raise XindaError(f"{where}: not a quatrain of 4 lines of 5 or 7 characters: {lines}")

@@ -196,16 +196,20 @@ def demo(
 def _print_outputs(outputs, nbest: int) -> None:
     """One line per output (``i ||| text ||| score`` with ``nbest`` > 1); a prompt without an
     output gets a warning on stderr and an empty line (or no n-best line)."""
+    from xinda.utils import write_stdout
+
+    lines = []
     for i, nbest_list in enumerate(outputs):
         for out in nbest_list:
             if out.error:
                 print(f"xinda: warning: line {i + 1}: {out.error}", file=sys.stderr)
                 if nbest == 1:
-                    print()
+                    lines.append("")
             elif nbest > 1:
-                print(f"{i} ||| {out.text} ||| {out.score:.4f}")
+                lines.append(f"{i} ||| {out.text} ||| {out.score:.4f}")
             else:
-                print(out.text)
+                lines.append(out.text)
+    write_stdout("".join(line + "\n" for line in lines))
 
 
 @command

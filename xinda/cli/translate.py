@@ -35,11 +35,11 @@ def _check_outputs(output: Path | None, plots: Path | None) -> None:
 
 
 def _write_output(path: Path | None, lines: list[str]) -> None:
-    from xinda.utils import atomic_write_text
+    from xinda.utils import atomic_write_text, write_stdout
 
     text = "".join(line + "\n" for line in lines)
     if path is None or str(path) == "-":
-        sys.stdout.write(text)
+        write_stdout(text)
     else:
         atomic_write_text(path, text)
 

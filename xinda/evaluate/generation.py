@@ -225,15 +225,21 @@ def rhyme_rate(poems: Sequence[str]) -> float:
     return _percent(hits, len(poems))
 
 
+def line_mark(k: int, lines: int) -> str:
+    """The mark after line k (0-based) of a poem of ``lines`` lines: "，" after odd lines
+    (1st, 3rd, ...), "。" after even ones and after the last line."""
+    return "。" if k % 2 or k == lines - 1 else "，"
+
+
 def poem_layout_ok(poem: str, form: int, lines: int = 4, acrostic: str = "") -> bool:
-    """Whether ``poem`` is ``lines`` lines of ``form`` Han characters, each followed by "，"
-    (odd lines) or "。" (even lines), with no other character, and line k starting with
-    ``acrostic[k]`` when an acrostic is given."""
+    """Whether ``poem`` is ``lines`` lines of ``form`` Han characters, each followed by its
+    ``line_mark``, with no other character, and line k starting with ``acrostic[k]`` when an
+    acrostic is given."""
     text = chars(poem)
     if len(text) != lines * (form + 1):
         return False
     rows = [text[k * (form + 1): (k + 1) * (form + 1)] for k in range(lines)]
-    return (all(row[-1] == "，。"[k % 2] and all(map(is_han, row[:-1]))
+    return (all(row[-1] == line_mark(k, lines) and all(map(is_han, row[:-1]))
                 for k, row in enumerate(rows))
             and (not acrostic or "".join(row[0] for row in rows) == acrostic))
 
