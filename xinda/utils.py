@@ -102,6 +102,26 @@ def replace_control_chars(line: str) -> str:
     return _CONTROL.sub(" ", line)
 
 
+# Unicode format characters (Cf) that only steer display: soft hyphen, Arabic letter mark,
+# zero-width space, left-to-right/right-to-left marks, bidirectional embeddings and isolates,
+# word joiner and invisible operators, byte-order mark. Zero-width (non-)joiners stay: they
+# change how Persian, Indic scripts and emoji sequences read.
+_INVISIBLE = re.compile("[\u00ad\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064"
+                        "\u2066-\u2069\ufeff]")
+
+
+def drop_invisible_chars(line: str) -> str:
+    """``line`` without the format characters that only steer display (a BOM, zero-width
+    spaces, bidirectional marks, soft hyphens)."""
+    return _INVISIBLE.sub("", line)
+
+
+def visible_text(line: str) -> str:
+    """What text cleaning leaves of ``line`` before normalisation: control characters to
+    spaces, display-only format characters dropped, whitespace collapsed."""
+    return " ".join(drop_invisible_chars(replace_control_chars(line)).split())
+
+
 def open_text(path: str | Path) -> IO[bytes]:
     """Open plain or gzip-compressed text as bytes (decoded per line by ``read_lines``)."""
     path = Path(path)

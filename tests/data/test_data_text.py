@@ -68,6 +68,17 @@ def test_none_is_identity_after_cleaning():
     assert pipe.preprocess_many(["x  y", ""]) == ["x y", ""]
 
 
+@pytest.mark.parametrize(("line", "cleaned"), [
+    ("\ufeffHello\u200b world", "Hello world"),  # BOM, zero-width space
+    ("a\u00adb \u200fc\u202bd\u202c", "ab cd"),  # soft hyphen, bidirectional marks
+    ("\u200b\u2060", ""),  # nothing visible left
+    ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0645", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0645"),  # ZWNJ
+    ("\U0001f468\u200d\U0001f373", "\U0001f468\u200d\U0001f373"),  # ZWJ emoji sequence
+])
+def test_cleaning_drops_display_only_format_characters_and_keeps_joiners(line, cleaned):
+    assert TextPipeline("NFKC", False, "none", "en").clean(line) == cleaned
+
+
 def test_pickle_and_manifest_round_trip():
     pipe = TextPipeline("NFC", True, "moses", "de")
     assert TextPipeline(**pipe.to_dict()) == pipe

@@ -82,11 +82,12 @@ def test_an_empty_line_that_must_have_an_output_has_none(translator):
     """Before: the empty line came back as ("", 0.0) with no error, breaking its prefix and
     exact length."""
     tr = translator(TRANSFORMER)
-    lines = ["", "a house", " \x00 "]
-    constraints = tr.constraints_for(lines, prefixes=["house"] * 3, exact_length=3)
-    empty, real, blank = tr.translate(lines, constraints=constraints, beam=2, **SHORT)
+    lines = ["", "a house", " \x00 ", "\ufeff\u200b"]  # invisible: a BOM, a zero-width space
+    constraints = tr.constraints_for(lines, prefixes=["house"] * 4, exact_length=3)
+    empty, real, blank, invisible = tr.translate(lines, constraints=constraints, beam=2,
+                                                 **SHORT)
     assert [(t.text, t.score, t.error) for t in empty] == [("", -math.inf, UNSATISFIABLE)]
-    assert blank == empty
+    assert blank == empty and invisible == empty
     assert real[0].error is None and len(real[0].target_pieces) == 3
     free = tr.translate(lines, constraints=tr.constraints_for(lines, ban=["house"]), **SHORT)
     assert [(t.text, t.score, t.error) for t in free[0]] == [("", 0.0, None)]

@@ -58,7 +58,8 @@ def test_translate_one_text_and_a_list(client):
     assert batched == entry
 
 
-@pytest.mark.parametrize("text", ["", " \t", ["one", ""], "\u0001\u0002", ["one", "\x7f"]])
+@pytest.mark.parametrize("text", ["", " \t", ["one", ""], "\u0001\u0002", ["one", "\x7f"],
+                                  "\ufeff\u200b", ["one", "\u200e \u2060"]])
 def test_an_empty_text_is_a_bad_request_naming_it(client, text):
     response = post(client, "/v1/translate", model="numbers", text=text)
     assert response.status_code == 422

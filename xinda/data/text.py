@@ -1,7 +1,8 @@
 """Text cleaning and pre-tokenisation before sentencepiece, and its inverse for output.
 
-``TextPipeline.preprocess`` = Unicode normalisation -> optional lowercasing -> whitespace
-collapse -> pre-tokenisation (``moses``, ``jieba``, ``char`` or ``none``).
+``TextPipeline.preprocess`` = Unicode normalisation -> optional lowercasing -> control
+characters to spaces, display-only format characters dropped, whitespace collapsed ->
+pre-tokenisation (``moses``, ``jieba``, ``char`` or ``none``).
 ``TextPipeline.postprocess`` undoes the pre-tokenisation of model output (detokenisation).
 The pipeline holds only its four settings (tokenizer objects are cached per process), so it
 pickles cheaply and is rebuilt from ``manifest.json`` with ``TextPipeline(**settings)``. The
@@ -18,7 +19,7 @@ from itertools import pairwise
 from typing import get_args
 
 from xinda.config import Normalization, Pretok
-from xinda.utils import replace_control_chars
+from xinda.utils import visible_text
 
 SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
 _CLOSING = ",;:!?.)]}%"
@@ -100,12 +101,13 @@ class TextPipeline:
 
     def clean(self, line: str) -> str:
         """Normalisation, lowercasing, control characters to spaces (as ``xinda prepare`` does
-        to valid/test lines) and whitespace collapse (no tokenisation)."""
+        to valid/test lines), display-only format characters (BOM, zero-width space,
+        bidirectional marks) dropped and whitespace collapsed (no tokenisation)."""
         if self.normalize != "none":
             line = unicodedata.normalize(self.normalize, line)
         if self.lowercase:
             line = line.lower()
-        return " ".join(replace_control_chars(line).split())
+        return visible_text(line)
 
     def preprocess(self, line: str) -> str:
         """Raw line -> cleaned, pre-tokenised text ready for sentencepiece."""

@@ -47,7 +47,7 @@ from xinda.serve.schemas import (
 )
 from xinda.serve.settings import LOOPBACK, ServeSettings
 from xinda.serve.worker import Job, Worker
-from xinda.utils import replace_control_chars
+from xinda.utils import visible_text
 
 log = logging.getLogger("xinda")
 STATIC = Path(__file__).with_name("static")
@@ -107,9 +107,10 @@ class Service:
             raise ApiError(422, "too_many_texts", f"{field}: {len(texts)} texts, at most "
                            f"{limits.max_texts} per request")
         for i, line in enumerate(texts):
-            if not empty_ok and not replace_control_chars(line).strip():
+            if not empty_ok and not visible_text(line):
                 raise ApiError(422, "invalid_request", f"{field}[{i}]: empty text (or control "
-                               "characters only); send only lines with something to translate")
+                               "and invisible characters only); send only lines with something "
+                               "to translate")
             if len(line) > limits.max_chars:
                 raise ApiError(422, "text_too_long", f"{field}[{i}]: {len(line)} characters, "
                                f"at most {limits.max_chars}")

@@ -123,7 +123,11 @@ class Ranks:
         return out
 
     def close(self) -> None:
+        """Leave the process group together: a rank that tears its gloo connections down
+        while another still uses them can abort that one ("terminate called without an
+        active exception")."""
         if self.owns_group and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------ model and data
