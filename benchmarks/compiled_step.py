@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from multi30k import SHARED
 from torch import Tensor, nn
 
-from multi30k import SHARED
 from xinda.decode.translator import Translator
 from xinda.device import keep_freed_heap
 
