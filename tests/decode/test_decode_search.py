@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from xinda.config import DecodeConfig
-from xinda.decode.search import beam_search, greedy_search, length_penalty, max_lengths
+from xinda.decode.sampling import SamplingConfig, sample
+from xinda.decode.search import (
+    SearchStopped,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_lengths,
+    stop_when,
+)
 from xinda.models.base import EncoderOut, SharedEncoderOut
 
 TINY = {"arch": "transformer", "d_model": 32, "heads": 4, "ffn_dim": 64,
@@ -359,3 +367,21 @@ def test_shared_encoder_output_decodes_as_copied_rows(need_attention, coverage, 
         if need_attention:
             for a, b in zip(ours, theirs):
                 torch.testing.assert_close(a.attention, b.attention)
+
+
+# --- stopping a search from outside (a server's timed-out requests) -----------------------
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_a_stop_check_ends_the_search_before_the_next_step(search, tiny_model, make_src):
+    """``stop_when``: the check runs before every decoder step; once True, SearchStopped."""
+    model = tiny_model(0, eos_bias=-1e4)  # no EOS: the search would run to its length limit
+    src, dec = make_src(LENGTHS, 0), DecodeConfig(beam=3, max_len_a=0, max_len_b=20)
+    run = {"greedy": lambda: greedy_search(model, src, dec),
+           "beam": lambda: beam_search(model, src, dec),
+           "sample": lambda: sample(model, src, dec, SamplingConfig(n=2, seed=1))}[search]
+    checks = []
+    with stop_when(lambda: checks.append(None) or len(checks) > 4), \
+            pytest.raises(SearchStopped):
+        run()
+    assert len(checks) == 5  # four decoder steps ran, the fifth did not
+    assert run()  # outside the block the search runs again, to the end

@@ -1,11 +1,15 @@
 """The batching worker on its own, with a recording runner instead of a model: which jobs share
 a batch (same key, within the request and token limits), the split of results, and failures
-that stay with their job and never stop the thread."""
+that stay with their job and never stop the thread, and batches whose requests all gave up
+stopping at the next decoder step."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from xinda.decode.search import SearchStopped, check_stop
 from xinda.errors import XindaError
 from xinda.serve import tasks, worker
 from xinda.serve.metrics import Metrics
@@ -118,5 +122,55 @@ def test_a_failure_while_collecting_fails_the_jobs_taken(batches):
     try:
         assert isinstance(taken.future.exception(timeout=WAIT_S), OverflowError)
         assert batches == []
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def decoding(monkeypatch) -> dict[str, threading.Event]:
+    """A "decode" runner that steps like a search (``check_stop`` before each step) until
+    ``release`` is set, after setting ``started``."""
+    events = {"started": threading.Event(), "release": threading.Event()}
+
+    def decode(_translator, _options: dict, inputs: list[str]) -> list[str]:
+        events["started"].set()
+        while not events["release"].wait(0.001):
+            check_stop()
+        return [text.upper() for text in inputs]
+    monkeypatch.setitem(tasks.RUNNERS, "decode", decode)
+    monkeypatch.setattr(worker, "RUNNERS", tasks.RUNNERS)
+    return events
+
+
+def test_a_batch_whose_requests_all_gave_up_stops_decoding(decoding):
+    """Before: a timed-out request's decode ran to its end, holding up the queue."""
+    w = make_worker(max_wait_ms=0)
+    running, later = Job("decode", ("decode",), {}, ["x"]), Job("decode", ("decode",), {}, ["y"])
+    w.submit(running)
+    w.start()
+    try:
+        assert decoding["started"].wait(WAIT_S)
+        running.abandon()  # its request timed out while it was being decoded
+        assert isinstance(running.future.exception(timeout=WAIT_S), SearchStopped)
+        assert w.metrics.stopped_batches.labels("fake")._value.get() == 1
+        decoding["release"].set()
+        w.submit(later)
+        assert later.future.result(timeout=WAIT_S) == ["Y"]  # the worker goes on
+    finally:
+        w.stop()
+
+
+def test_a_batch_decodes_on_while_one_of_its_requests_waits(decoding):
+    w = make_worker(max_wait_ms=500)
+    gone, waiting = Job("decode", ("decode",), {}, ["x"]), Job("decode", ("decode",), {}, ["y"])
+    w.submit(gone)
+    w.submit(waiting)
+    w.start()
+    try:
+        assert decoding["started"].wait(WAIT_S)
+        gone.abandon()
+        decoding["release"].set()
+        assert waiting.future.result(timeout=WAIT_S) == ["Y"]
+        assert w.metrics.stopped_batches.labels("fake")._value.get() == 0
     finally:
         w.stop()

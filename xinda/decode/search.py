@@ -13,7 +13,9 @@ and a sentence with no output that satisfies them gets none (greedy: None; beam:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -52,12 +54,38 @@ def max_lengths(src_len: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (src_len.float() * a + b).clamp(min=1, max=limit).long()
 
 
+class SearchStopped(Exception):
+    """A search gave up at a decoder step because the ``stop_when`` check said so."""
+
+
+_STOP_CHECK: ContextVar[Callable[[], bool] | None] = ContextVar("xinda_stop_check", default=None)
+
+
+@contextmanager
+def stop_when(check: Callable[[], bool]) -> Iterator[None]:
+    """Within the block (in this thread), every search calls ``check()`` before each decoder
+    step and raises ``SearchStopped`` once it returns True: how a server stops decoding for
+    requests that gave up."""
+    token = _STOP_CHECK.set(check)
+    try:
+        yield
+    finally:
+        _STOP_CHECK.reset(token)
+
+
+def check_stop() -> None:
+    """Raise ``SearchStopped`` if the ``stop_when`` check of this thread says so."""
+    if (check := _STOP_CHECK.get()) is not None and check():
+        raise SearchStopped("the search was stopped")
+
+
 def _step_logprobs(model: Seq2SeqModel, last: Tensor, enc, state: dict, need_attention: bool,
                    force_eos: Tensor, ban_eos: Tensor | None = None
                    ) -> tuple[Tensor, Tensor | None]:
     """One decoder step -> log-probabilities (N, V) with BOS/PAD banned, EOS banned where
     ``ban_eos`` (N,) and forced where ``force_eos`` (N,) is True; plus the step's source
     attention (N, S) when asked."""
+    check_stop()
     logits, attn = model.decode(last, enc, state, need_weights=need_attention)
     logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
     logp[:, model.vocab.pad] = float("-inf")

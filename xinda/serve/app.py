@@ -141,7 +141,7 @@ class Service:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.settings.timeout_s)
         except asyncio.TimeoutError:
-            job.future.cancel()
+            job.abandon()
             raise ApiError(408, "timeout", f"no result within {self.settings.timeout_s:g} s"
                            ) from None
         except (XindaError, ApiError):

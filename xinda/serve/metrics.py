@@ -39,6 +39,9 @@ class Metrics:
         self.batch_sentences = Histogram("xinda_batch_sentences", "sentences decoded in one "
                                          "batch", ["model"], buckets=SIZE_BUCKETS, registry=reg)
         self.sentences = Counter("xinda_sentences", "sentences decoded", ["model"], registry=reg)
+        self.stopped_batches = Counter("xinda_stopped_batches", "batches whose decoding "
+                                       "stopped because all their requests timed out",
+                                       ["model"], registry=reg)
         self.sentences_per_second = Gauge("xinda_sentences_per_second", "decoding throughput "
                                           "of the model's last batch", ["model"], registry=reg)
 
@@ -55,6 +58,10 @@ class Metrics:
         self.batch_sentences.labels(model).observe(sentences)
         self.sentences.labels(model).inc(sentences)
         self.sentences_per_second.labels(model).set(sentences / max(seconds, 1e-9))
+
+    def stopped(self, model: str) -> None:
+        """A batch of abandoned requests stopped decoding."""
+        self.stopped_batches.labels(model).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,7 +4,8 @@ Requests become ``Job``s in a bounded queue. The worker takes the oldest job, th
 more jobs with the same ``key`` (the same task and decode options) for up to ``max_wait_ms``,
 until ``max_batch_requests`` jobs or ``batch_tokens`` source tokens; jobs with other keys wait
 in a backlog, first in line for the next batch. One library call decodes the batch's inputs
-together and each job's future gets its own slice of the results. A batch that fails is
+together and each job's future gets its own slice of the results; once every request of a
+batch has given up (timed out), its search stops at the next decoder step. A batch that fails is
 retried job by job, so that one bad job fails alone; an exception is a job's error, never the
 end of the thread.
 """
@@ -20,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from xinda.decode.search import SearchStopped, stop_when
 from xinda.serve.metrics import Metrics
 from xinda.serve.models import ServedModel
 from xinda.serve.settings import ServeSettings
@@ -37,6 +39,13 @@ class Job:
     inputs: list[Any]  # the runner's inputs: results come back one per input
     future: Future = field(default_factory=Future)
     tokens: int = 0  # source tokens, counted by the worker
+    abandoned: threading.Event = field(default_factory=threading.Event)  # its request gave up
+
+    def abandon(self) -> None:
+        """The request stopped waiting: skip the job, or stop decoding it if every job of
+        its batch was abandoned."""
+        self.abandoned.set()
+        self.future.cancel()  # only takes effect while the job still waits
 
 
 class Worker:
@@ -149,7 +158,13 @@ class Worker:
         inputs = [item for job in batch for item in job.inputs]
         start = time.perf_counter()
         try:
-            results = RUNNERS[first.kind](self.model.translator, first.options, inputs)
+            with stop_when(lambda: all(job.abandoned.is_set() for job in batch)):
+                results = RUNNERS[first.kind](self.model.translator, first.options, inputs)
+        except SearchStopped as err:  # nobody waits for these results any more
+            self.metrics.stopped(self.model.name)
+            for job in batch:
+                job.future.set_exception(err)
+            return
         except Exception as err:  # noqa: BLE001 - becomes the job's error
             if len(batch) == 1:
                 first.future.set_exception(err)
