@@ -61,7 +61,8 @@ def stability_config(run_dir: Path, data_bin: Path, norm: str, args) -> dict:
     cfg["data"]["out_dir"] = str(data_bin)
     cfg["model"] = {"preset": "transformer-small", "encoder_layers": args.layers,
                     "decoder_layers": 3, "norm": norm}
-    cfg["train"].update(lr=args.lr, warmup_steps=args.warmup, schedule="inverse_sqrt",
+    cfg["train"].update(lr=args.lr, warmup_steps=args.warmup,
+                        schedule="inverse_sqrt" if args.warmup else "constant",
                         log_every=args.log_every, seed=args.seed)
     apply_overrides(cfg, args.overrides)
     return cfg

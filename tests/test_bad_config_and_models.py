@@ -74,3 +74,21 @@ def test_a_manifest_of_the_wrong_shape_is_named(prepared, tmp_path, manifest):
     (broken / "manifest.json").write_text(json.dumps(manifest))
     assert error(load_manifest, broken).startswith(
         f"{broken / 'manifest.json'}: not a manifest of xinda prepare (no spm")
+
+
+@pytest.mark.parametrize(("setting", "named"), [
+    ("train.betas=[1.5,0.98]", "train.betas.0"), ("train.eps=-1", "train.eps"),
+    ("train.weight_decay=-0.1", "train.weight_decay"), ("train.momentum=-0.5", "train.momentum"),
+    ("train.lr=.inf", "train.lr"), ("train.dist_timeout=.inf", "train.dist_timeout"),
+    ("train.min_lr=-1", "train.min_lr"), ("train.warmup_steps=0", "warmup_steps >= 1")])
+def test_optimizer_settings_torch_would_refuse_are_config_errors(setting, named):
+    """Before: accepted, then a torch ValueError traceback at the first update (or, lr inf,
+    a NaN loss; warm-up 0 made inverse_sqrt a constant rate without a word)."""
+    assert named in error(load_config, None, [setting])
+
+
+def test_a_cuda_device_without_cuda_is_one_line(monkeypatch):
+    """Before: AssertionError "Torch not compiled with CUDA enabled" (a traceback)."""
+    from xinda.device import pick_device
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert error(pick_device, "cuda").startswith("train.device cuda: no CUDA device here")

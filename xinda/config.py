@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from xinda.errors import XindaError
 from xinda.utils import atomic_write_text
@@ -20,6 +20,7 @@ from xinda.utils import atomic_write_text
 Pretok = Literal["moses", "jieba", "char", "none"]  # pre-tokenisers (xinda.data.text)
 Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied before it
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what numpy and sentencepiece accept
+Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam moment's decay
 
 
 class Strict(BaseModel):
@@ -56,6 +57,8 @@ class DataConfig(Strict):
 
 
 class TrainConfig(Strict):
+    model_config = ConfigDict(allow_inf_nan=False)  # (and Strict's): no infinity or NaN
+
     out_dir: str = "runs/exp"  # the self-contained model directory
     seed: Seed = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -64,20 +67,22 @@ class TrainConfig(Strict):
     update_freq: int = Field(1, ge=1)  # gradient accumulation: batches per update
     max_epochs: int = Field(100, ge=1)
     max_steps: int = Field(0, ge=0)  # 0 = no limit
-    max_seconds: float = Field(0, ge=0)  # training-loop wall-clock budget; 0 = no limit
+    # wall-clock budget of the training loop (validation included), counted over resumes
+    # too; 0 = no limit
+    max_seconds: float = Field(0, ge=0)
     optimizer: Literal["adam", "sgd"] = "adam"
     # peak learning rate; for noam/noam_reset a scale: peak = lr * (d_model * warmup)^-0.5
     lr: float = Field(5e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-8
-    momentum: float = 0.0  # SGD only
-    weight_decay: float = 0.0
+    betas: tuple[Beta, Beta] = (0.9, 0.98)
+    eps: float = Field(1e-8, ge=0)
+    momentum: float = Field(0.0, ge=0)  # SGD only
+    weight_decay: float = Field(0.0, ge=0)
     # noam_reset: noam, restarted at its peak after each growth (`xinda grow`)
     schedule: Literal["inverse_sqrt", "noam", "noam_reset", "step", "constant"] = "inverse_sqrt"
     warmup_steps: int = Field(4000, ge=0)
     decay_every: int = Field(1000, ge=1)  # step schedule: multiply by decay_factor every N steps
     decay_factor: float = Field(0.5, gt=0, le=1)
-    min_lr: float = 0.0
+    min_lr: float = Field(0.0, ge=0)
     label_smoothing: float = Field(0.1, ge=0, lt=1)
     # output layer + loss computed this many target positions at a time (no (tokens x vocab)
     # tensor of the whole batch); 0 = the whole batch at once
@@ -101,6 +106,14 @@ class TrainConfig(Strict):
     # torchrun (xinda.train.distributed): seconds a rank waits for the others at a collective,
     # e.g. while rank 0 validates or saves, before it stops with "lost contact"
     dist_timeout: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _warmup_of_inverse_sqrt(self) -> TrainConfig:
+        if self.schedule == "inverse_sqrt" and not self.warmup_steps:
+            raise ValueError("schedule inverse_sqrt needs warmup_steps >= 1: its decay "
+                             "lr * sqrt(warmup / step) starts where the warm-up ends (for a "
+                             "constant rate use schedule: constant)")
+        return self
 
 
 class DecodeConfig(Strict):

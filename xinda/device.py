@@ -15,8 +15,12 @@ from xinda.errors import XindaError
 
 
 def pick_device(name: str) -> torch.device:
+    """``train.device``: auto (CUDA where there is a GPU), cpu or cuda (refused without one)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise XindaError(f"train.device cuda: no CUDA device here ({why}); use auto or cpu")
     return torch.device(name)
 
 

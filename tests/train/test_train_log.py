@@ -22,8 +22,8 @@ def test_log_rows_average_every_update_since_the_previous_row_across_epochs():
     rows = []
     t = Trainer.__new__(Trainer)
     t.cfg = types.SimpleNamespace(train=TrainConfig(log_every=4, progress=False))
-    t.progress, t.ranks, t.signals, t._clock, t.lr = Progress(), Ranks(), StopSignals(), None, 1.0
-    t.log_window = [0.0, 0.0, 0, 0.0]
+    t.progress, t.ranks, t.signals, t.lr = Progress(), Ranks(), StopSignals(), 1.0
+    t._clock, t._wall_base = 0.0, 0.0
     t.csv = types.SimpleNamespace(write=lambda **r: rows.append(r))
 
     def update(group):

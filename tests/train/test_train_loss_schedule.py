@@ -164,11 +164,20 @@ def test_step_decay_values(step, lr):
     assert learning_rate(c, step, 512) == pytest.approx(lr, rel=1e-9)
 
 
-def test_step_decay_with_warmup():
+def test_step_decay_with_warmup_counts_its_decays_from_the_peak():
     c = cfg(schedule="step", lr=1e-3, warmup_steps=100, decay_every=1000, decay_factor=0.1)
     assert learning_rate(c, 50, 512) == pytest.approx(0.5e-3)
-    assert learning_rate(c, 100, 512) == pytest.approx(1e-3)
-    assert learning_rate(c, 1000, 512) == pytest.approx(1e-4)
+    assert [learning_rate(c, s, 512) for s in (100, 1099)] == pytest.approx([1e-3, 1e-3])
+    assert learning_rate(c, 1100, 512) == pytest.approx(1e-4)
+
+
+def test_step_decay_reaches_lr_with_a_warmup_longer_than_its_period():
+    """Before: the decays counted from update 0, so with the defaults (warm-up 4000, a decay
+    every 1000) the peak was lr * 0.5^4."""
+    c = cfg(schedule="step", lr=1e-3, warmup_steps=4000, decay_every=1000, decay_factor=0.5)
+    assert max(learning_rate(c, s, 512) for s in range(1, 20_000)) == pytest.approx(1e-3)
+    assert learning_rate(c, 4000, 512) == pytest.approx(1e-3)
+    assert learning_rate(c, 6000, 512) == pytest.approx(2.5e-4)
 
 
 def test_constant_schedule():

@@ -87,7 +87,12 @@ def _check_data(out: Path, data_dir: Path, manifest: dict) -> None:
                              f"trained with ({kept}): resume with the data it was prepared from")
     old_manifest = out / "manifest.json"
     if old_manifest.is_file() and old_manifest.resolve() != (data_dir / "manifest.json").resolve():
-        was = json.loads(old_manifest.read_text(encoding="utf-8"))["splits"].get("train")
+        try:
+            was = json.loads(old_manifest.read_text(encoding="utf-8"))["splits"].get("train")
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise XindaError(f"{old_manifest}: not a readable manifest ({type(err).__name__}: "
+                             f"{err}); if the run used {data_dir}, copy its manifest.json "
+                             "there") from None
         if was is not None and was != manifest["splits"].get("train"):
             raise XindaError(f"{data_dir}: its training split ({manifest['splits'].get('train')}) "
                              f"is not the run's ({was}, {old_manifest}): resume with the same "

@@ -18,7 +18,8 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
       (fairseq's ``inverse_sqrt``);
     - noam: lr * d^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani eq. 3, with ``lr`` as
       the scale factor);
-    - step: lr * decay_factor^(step // decay_every) after a linear warm-up;
+    - step: a linear warm-up, then lr * decay_factor^((step - warmup) // decay_every): the
+      peak lr is reached at the end of the warm-up, and the decays count from there;
     - constant: lr after a linear warm-up;
     - noam_reset: noam until the first of ``resets`` (the update counts after which the model
       was grown, ``xinda grow``); after the latest reset r, lr * d^-0.5 * (k + warmup)^-0.5
@@ -38,7 +39,7 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
         if cfg.schedule == "inverse_sqrt":
             decay = math.sqrt(warm / step) if warm and step >= warm else 1.0
         elif cfg.schedule == "step":
-            decay = cfg.decay_factor ** (step // cfg.decay_every)
+            decay = cfg.decay_factor ** (max(step - warm, 0) // cfg.decay_every)
         else:
             decay = 1.0
         rate = cfg.lr * warmup * decay

@@ -51,7 +51,7 @@ from xinda.train.run_dir import (
 )
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.train.signals import StopSignals
-from xinda.utils import atomic_write_text, os_errors_named
+from xinda.utils import atomic_path, atomic_write_text, os_errors_named
 
 log = logging.getLogger("xinda")
 
@@ -66,10 +66,19 @@ class Progress:
     epoch: int = 1  # current epoch (1-based)
     batch: int = 0  # next batch of the current epoch (of all ranks' batches)
     tgt_tokens: int = 0  # target tokens trained on (incl. EOS), all ranks
-    train_seconds: float = 0.0  # training-loop wall clock
+    train_seconds: float = 0.0  # wall clock of the updates (and their checkpoints)
+    wall_seconds: float = 0.0  # wall clock of the training loops, validation included
     best: float = -math.inf  # best validation score (BLEU, or -loss)
+    best_metric: str = ""  # what ``best`` measures: "bleu" or "loss"
     bad_epochs: int = 0  # epochs since the best one
     lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
+    # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
+    # ends and resumes: every update is in exactly one row)
+    log_window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0.0])
+
+    def __post_init__(self) -> None:
+        if not self.best_metric and math.isfinite(self.best):  # saved before it was recorded
+            self.best_metric = "bleu" if self.best >= 0 else "loss"
 
 
 class Trainer:
@@ -117,9 +126,11 @@ class Trainer:
         self.valid_bleu = valid_bleu
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
         self.saved_step: int | None = None  # the update of the newest checkpoint
-        # loss, NLL, target tokens and seconds of the updates since the last log row (across
-        # epoch ends: every update is in exactly one row)
-        self.log_window: list[float] = [0.0, 0.0, 0, 0.0]
+        self._clock, self._wall_base = time.perf_counter(), 0.0  # see ``wall_seconds``
+        if tc.patience and not (tc.run_validation and self.has_valid):
+            log.warning("train.patience %d has no effect: %s", tc.patience,
+                        "train.run_validation is off" if self.has_valid
+                        else "the prepared data has no valid split")
         if tc.valid_bleu and tc.run_validation and self.has_valid and valid_bleu is None:
             log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
                         "(xinda.evaluate.validation.validation_bleu builds one)")
@@ -132,10 +143,11 @@ class Trainer:
         save_config(self.cfg, self.out / "config.yaml")
         for name in {*self.manifest["spm"].values(), "manifest.json"}:
             if (self.data_dir / name).resolve() != (self.out / name).resolve():
-                shutil.copyfile(self.data_dir / name, self.out / name)
+                with atomic_path(self.out / name) as tmp:
+                    shutil.copyfile(self.data_dir / name, tmp)
         self.csv = CsvLog(self.out / "log.csv")
-        if self.saved_step is not None:
-            self.csv.truncate_after(self.saved_step)  # rows after it are logged again
+        # rows after the checkpoint are logged again; a fresh run drops a failed run's rows
+        self.csv.truncate_after(self.saved_step or 0)
 
     def resume(self) -> None:
         """Continue from the newest checkpoint: rank 0 reads it and sends it to the others."""
@@ -171,6 +183,7 @@ class Trainer:
         """Checkpoint (all ranks call it: their random states are collected; rank 0 writes)."""
         ranks = self.ranks.save_rng()
         if self.ranks.is_main:
+            self.progress.wall_seconds = self.wall_seconds()
             state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                      "rng": torch.get_rng_state(), "progress": asdict(self.progress)}
             if ranks:
@@ -208,17 +221,19 @@ class Trainer:
             log.info("data-parallel: %d ranks; batch per update: %d tokens x %d ranks x %d "
                      "(update_freq)", self.ranks.world, tc.max_tokens, self.ranks.world,
                      tc.update_freq)
-        self._clock = None
-        stop = self.steps_done() or self.stopped_early()  # resumed from a finished run
+        self._clock, self._wall_base, first_step = time.perf_counter(), p.wall_seconds, p.step
+        stop = self.limit_reached() or self.stopped_early()  # resumed from a finished run
         while p.epoch <= tc.max_epochs and not stop:
             batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
                                    tc.max_tokens, tc.seed, p.epoch)
             stop = self.train_epoch(batches)
-            if not stop:
-                stop = self.end_of_epoch()
+            if p.batch >= len(batches):  # the epoch is over, also when a limit ended it
+                stop = self.end_of_epoch() or stop
                 self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
-        if self.ranks.is_main and p.batch and tc.run_validation and self.has_valid:
-            self.validate_and_keep_best()  # stopped inside an epoch
+        if p.batch and p.step > first_step and tc.run_validation and self.has_valid:
+            if self.ranks.is_main:  # stopped inside an epoch
+                self.validate_and_keep_best()
+            self.save()  # (all ranks) the checkpoint of this update records the new best
         self.save_unless_saved()
         if self.ranks.is_main:
             self.write_stats()
@@ -249,12 +264,11 @@ class Trainer:
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)
         for start in range(p.batch, len(batches), per_update):
             t0 = time.perf_counter()
-            self._clock = self._clock or t0
             loss, nll, ntok = self.update(batches[start:start + per_update])
             seconds = time.perf_counter() - t0
             p.batch = start + per_update
             p.tgt_tokens += ntok
-            window = self.log_window
+            window = p.log_window
             window[:] = [window[0] + loss, window[1] + nll, window[2] + ntok, window[3] + seconds]
             bar.update(1)
             bar.set_postfix(loss=f"{loss / ntok:.3f}", tok_s=f"{ntok / seconds:.0f}",
@@ -288,8 +302,13 @@ class Trainer:
 
     def limit_reached(self) -> bool:
         tc = self.cfg.train
-        over_time = tc.max_seconds and time.perf_counter() - self._clock >= tc.max_seconds
+        over_time = tc.max_seconds and self.wall_seconds() >= tc.max_seconds
         return self.steps_done() or bool(over_time)
+
+    def wall_seconds(self) -> float:
+        """Wall clock of the training loops so far, validation included, over this run and
+        the runs it resumes (what ``train.max_seconds`` limits)."""
+        return self._wall_base + time.perf_counter() - self._clock
 
     def update(self, group: list) -> tuple[float, float, int]:
         """One optimiser update over the batches ``group`` (gradient accumulation; with several
@@ -312,10 +331,11 @@ class Trainer:
             nll_sum += float(nll.detach()) * bool(weight)
         loss_sum, nll_sum = self.ranks.sum(loss_sum, nll_sum)
         if not math.isfinite(loss_sum) and self.precision != "fp16":  # fp16: the scaler skips
+            kept = (f"checkpoints kept in {ckpt.checkpoint_dir(self.out)}"
+                    if ckpt.list_checkpoints(self.out) else "no checkpoint written yet")
             raise XindaError(
                 f"update {self.progress.step + 1}: the training loss is {loss_sum}; stopped "
-                f"before the weights changed (checkpoints kept in {ckpt.checkpoint_dir(self.out)}"
-                "); lower train.lr or set train.clip_norm")
+                f"before the weights changed ({kept}); lower train.lr or set train.clip_norm")
         self.scaler.unscale_(self.optimizer)
         if tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
@@ -355,6 +375,12 @@ class Trainer:
                        valid_bleu=scores.get("bleu"))
         plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
         score = scores.get("bleu", -scores["loss"])
+        metric = "bleu" if "bleu" in scores else "loss"
+        if p.best_metric and p.best_metric != metric:
+            log.warning("validation now scores by %s, not %s: the best score and early "
+                        "stopping's count start over", metric, p.best_metric)
+            p.best, p.bad_epochs = -math.inf, 0
+        p.best_metric = metric
         log.info("valid after update %d: loss %.3f ppl %.2f%s", p.step, scores["loss"],
                  math.exp(min(scores["nll"], 50)),
                  f" BLEU {scores['bleu']:.2f}" if "bleu" in scores else "")

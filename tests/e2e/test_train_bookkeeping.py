@@ -1,0 +1,144 @@
+"""What a run records about itself across limits and resumes: the best score in the checkpoint
+of the last update, early stopping's count, the validation metric, the time budget and the
+log's rows (each found by review; "Before:" says what happened)."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from xinda.checkpoint import list_checkpoints, load_state
+from xinda.config import load_config
+from xinda.data.batching import make_batches
+from xinda.data.manifest import load_split
+from xinda.errors import XindaError
+from xinda.train.trainer import Progress, Trainer
+
+
+def run(prepared, out, resume: bool = False, valid_bleu=None, valid_bleu_setting="false",
+        **train):
+    """Train (in this process) into ``out``; ``valid_bleu`` scores validations by BLEU."""
+    overrides = [f"train.out_dir={out}", f"train.valid_bleu={valid_bleu_setting}",
+                 "train.log_every=1", *(f"train.{k}={v}" for k, v in train.items())]
+    cfg = load_config(prepared.config, overrides)
+    return Trainer(cfg, prepared.data_dir, valid_bleu=valid_bleu).train(resume=resume)
+
+
+def newest_progress(out) -> dict:
+    return load_state(list_checkpoints(out)[-1])["progress"]
+
+
+def rows(out) -> list[dict]:
+    with (out / "log.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def per_epoch(prepared) -> int:
+    src, tgt = load_split(prepared.data_dir, "train")
+    return len(make_batches(src.lengths, tgt.lengths, 500, 1, 1))
+
+
+def test_the_last_checkpoint_records_the_final_validation(prepared, tmp_path):
+    """Before: when max_steps fell on a save_every step, the checkpoint was written before the
+    final validation and kept best = -inf, so a worse later validation replaced best.safetensors
+    after --resume."""
+    progress = run(prepared, tmp_path, max_steps=4, save_every=4)
+    saved = newest_progress(tmp_path)
+    assert saved["step"] == 4 and saved["best"] == progress.best
+    assert math.isfinite(saved["best"]) and saved["best_metric"] == "loss"
+
+
+def test_a_limit_on_an_epoch_s_last_update_ends_the_epoch_once(prepared, tmp_path, per_epoch):
+    """Before: the epoch's validation was skipped, so --resume validated the same weights
+    again, counted a bad epoch and (patience 1) stopped without training."""
+    run(prepared, tmp_path, max_steps=per_epoch, patience=1)
+    saved = newest_progress(tmp_path)
+    assert (saved["epoch"], saved["batch"], saved["bad_epochs"]) == (2, 0, 0)
+    progress = run(prepared, tmp_path, resume=True, max_steps=per_epoch + 3, patience=1)
+    assert progress.step == per_epoch + 3
+    validated = [int(r["step"]) for r in rows(tmp_path) if r["valid_loss"]]
+    assert validated == [per_epoch, per_epoch + 3]
+
+
+def test_resuming_a_finished_run_validates_nothing_again(prepared, tmp_path):
+    """Before: each --resume of a run stopped inside an epoch added the same validation row."""
+    run(prepared, tmp_path, max_steps=3)
+    before = rows(tmp_path)
+    run(prepared, tmp_path, resume=True, max_steps=3)
+    assert rows(tmp_path) == before
+
+
+@pytest.mark.parametrize("first_by_bleu", [False, True])
+def test_a_changed_validation_metric_starts_best_and_patience_over(prepared, tmp_path, per_epoch,
+                                                                  first_by_bleu):
+    """Before: BLEU (>= 0) was compared with -loss (< 0): from BLEU to loss nothing ever
+    improved (early stopping fired while the loss fell); from loss to BLEU everything did."""
+    def by(bleu: bool) -> dict:
+        return {"valid_bleu": (lambda _model: 0.5) if bleu else None,
+                "valid_bleu_setting": "true" if bleu else "false"}
+
+    first, then = by(first_by_bleu), by(not first_by_bleu)
+    run(prepared, tmp_path, max_steps=per_epoch, patience=2, **first)
+    assert newest_progress(tmp_path)["best_metric"] == ("bleu" if first_by_bleu else "loss")
+    progress = run(prepared, tmp_path, resume=True, max_steps=2 * per_epoch, patience=2, **then)
+    assert progress.best_metric == ("loss" if first_by_bleu else "bleu")
+    assert progress.bad_epochs == 0 and (progress.best < 0) == first_by_bleu
+
+
+def test_checkpoints_saved_before_the_metric_was_recorded_get_it_from_the_score():
+    assert Progress(best=12.3).best_metric == "bleu"
+    assert Progress(best=-2.5).best_metric == "loss"
+    assert Progress().best_metric == ""
+
+
+def test_the_time_budget_counts_the_runs_before_a_resume(prepared, tmp_path):
+    """Before: train.max_seconds started from zero at every --resume, so a finished run
+    resumed trained a full budget again."""
+    first = run(prepared, tmp_path, max_seconds=0.3)
+    assert newest_progress(tmp_path)["wall_seconds"] >= 0.3
+    again = run(prepared, tmp_path, resume=True, max_seconds=0.3)
+    assert again.step == first.step
+
+
+def test_a_fresh_run_drops_the_log_of_a_run_that_failed_before_its_first_checkpoint(
+        prepared, tmp_path):
+    """Before: the new run's rows were appended to the failed run's."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "log.csv").write_text("step,epoch,lr,train_loss,train_nll,tok_per_s,elapsed_s,"
+                                      "valid_loss,valid_ppl,valid_bleu\n1,1,1000000.0,4.4,,,,,,"
+                                      "\n", encoding="utf-8")
+    run(prepared, tmp_path, max_steps=2)
+    assert [(r["step"], r["lr"] != "1000000.0") for r in rows(tmp_path) if r["train_loss"]] == [
+        ("1", True), ("2", True)]
+
+
+def test_log_rows_after_a_resume_equal_the_uninterrupted_run_s(prepared, tmp_path):
+    """Before: the updates between the last row and the checkpoint were in no row after a
+    resume (the row's window was not saved)."""
+    run(prepared, tmp_path / "a", max_steps=10, log_every=5)
+    run(prepared, tmp_path / "b", max_steps=7, log_every=5)
+    run(prepared, tmp_path / "b", resume=True, max_steps=10, log_every=5)
+
+    def train_rows(out):
+        return [(r["step"], r["train_loss"], r["train_nll"]) for r in rows(out)
+                if r["train_loss"]]
+    assert train_rows(tmp_path / "b") == train_rows(tmp_path / "a")
+    assert [r[0] for r in train_rows(tmp_path / "a")] == ["5", "10"]
+
+
+def test_patience_without_validation_is_named(prepared, tmp_path, caplog):
+    run(prepared, tmp_path, max_steps=1, patience=2, run_validation="false")
+    assert "train.patience 2 has no effect: train.run_validation is off" in caplog.text
+
+
+
+def test_a_torn_manifest_copy_is_named_on_resume(prepared, tmp_path):
+    """Before: a JSONDecodeError traceback at every --resume (the copies into the model
+    directory were not written atomically, so a full disk could leave one torn)."""
+    run(prepared, tmp_path, max_steps=1)
+    (tmp_path / "manifest.json").write_text('{"splits": {"tra', encoding="utf-8")
+    with pytest.raises(XindaError, match="manifest.json: not a readable manifest"):
+        run(prepared, tmp_path, resume=True, max_steps=2)
