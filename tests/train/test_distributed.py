@@ -74,6 +74,23 @@ def test_restore_rng_takes_the_rank_s_own_state_or_derives_one():
     assert torch.equal(torch.get_rng_state(), states[1]["cpu"])
 
 
+def test_one_process_on_a_gpu_saves_and_restores_its_cuda_generator(monkeypatch):
+    """Before: only the CPU generator was saved without torchrun, so dropout on the GPU drew
+    other masks after --resume (found by review; no GPU here: torch.cuda's state calls are
+    stood in for)."""
+    cuda_state = {"now": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: cuda_state["now"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state",
+                        lambda state, device=None: cuda_state.update(now=state))
+    gpu = Ranks(device=torch.device("cuda", 0))
+    saved = gpu.save_rng()
+    assert saved is not None and torch.equal(saved["rng"][0]["cuda"], cuda_state["now"])
+    cuda_state["now"] = torch.tensor([9], dtype=torch.uint8)  # training drew from it
+    gpu.restore_rng(saved, torch.get_rng_state(), seed=1, step=4)
+    assert cuda_state["now"].tolist() == [1, 2, 3]
+    assert Ranks().save_rng() is None  # one process on CPU: the checkpoint's "rng" holds it
+
+
 def test_lost_contact_names_the_rank_only_inside_a_process_group():
     with pytest.raises(RuntimeError, match="gloo"), lost_contact(1):  # no group: untouched
         raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer")

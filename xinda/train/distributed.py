@@ -174,9 +174,12 @@ class Ranks:
             torch.cuda.set_rng_state(state["cuda"], self.device)
 
     def save_rng(self) -> dict | None:
-        """Every rank's generator states (collected on all ranks), for a checkpoint."""
+        """Every rank's generator states (collected on all ranks), for a checkpoint; None for
+        one process on CPU (its CPU generator is saved anyway). One process on a GPU saves its
+        CUDA generator here, which draws the dropout masks there."""
         states = self.gather(self.rng_state())
-        return {"world_size": self.world, "rng": states} if self.enabled else None
+        needed = self.enabled or self.device.type == "cuda"
+        return {"world_size": self.world, "rng": states} if needed else None
 
     def restore_rng(self, saved: dict | None, cpu_rng: torch.Tensor, seed: int,
                     step: int) -> None:
