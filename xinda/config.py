@@ -21,6 +21,8 @@ Pretok = Literal["moses", "jieba", "char", "none"]  # pre-tokenisers (xinda.data
 Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied before it
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what numpy and sentencepiece accept
 Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam moment's decay
+MAX_ROWS = 1000  # beam, n-best, samples: decoder rows per sentence (memory grows with them)
+MAX_LENGTH = 1_000_000  # |max_len_b|: beyond any position table
 
 
 class Strict(BaseModel):
@@ -119,14 +121,14 @@ class TrainConfig(Strict):
 class DecodeConfig(Strict):
     model_config = ConfigDict(allow_inf_nan=False)  # (and Strict's): no infinity or NaN
 
-    beam: int = Field(5, ge=1)
+    beam: int = Field(5, ge=1, le=MAX_ROWS)
     alpha: float = Field(1.0, ge=0)  # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none
     coverage: float = Field(0.0, ge=0)  # GNMT coverage penalty weight beta; 0 = none
     max_len_a: float = Field(1.5, ge=0)  # max output length = a * src_len + b
-    max_len_b: int = 10
+    max_len_b: int = Field(10, ge=-MAX_LENGTH, le=MAX_LENGTH)
     batch_size: int = Field(64, ge=1)  # sentences per batch (sorted by length)
     max_input_len: int = Field(250, ge=1)  # longer inputs are truncated with a warning
-    nbest: int = Field(1, ge=1)
+    nbest: int = Field(1, ge=1, le=MAX_ROWS)
     # beam search ends a sentence after `beam` finished hypotheses ("beam", fairseq) or once a
     # step's best candidate ends in EOS and `nbest` are finished ("best", OpenNMT-py, CTranslate2)
     stop: Literal["beam", "best"] = "beam"
@@ -140,7 +142,7 @@ class DecodeConfig(Strict):
     temperature: float = Field(1.0, gt=0)  # divides the log-probabilities (-> 0: greedy)
     top_k: int = Field(0, ge=0)  # sample among the k most probable tokens; 0 = all
     top_p: float = Field(1.0, gt=0, le=1)  # nucleus: smallest set with probability >= top_p
-    samples: int = Field(1, ge=1)  # samples per input sentence
+    samples: int = Field(1, ge=1, le=MAX_ROWS)  # samples per input sentence
     seed: int = Field(1, ge=0, lt=2**63)  # seeds the sampling generator (a torch.Generator)
 
 

@@ -145,6 +145,8 @@ def test_tiny_temperatures_pick_the_best_allowed_token(temperature):
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"temperature": 0.0}, "temperature must be > 0"), ({"top_k": -1}, "top-k must be >= 0"),
+    ({"temperature": float("inf")}, "temperature must be > 0 and finite"),  # before: NaN
+    ({"temperature": float("nan")}, "temperature must be > 0 and finite"),
     ({"top_p": 0.0}, "top-p must be in (0, 1]"), ({"top_p": 1.5}, "top-p must be in (0, 1]"),
     ({"n": 0}, "samples must be >= 1")])
 def test_bad_sampling_settings_are_one_line_errors(fields, message):

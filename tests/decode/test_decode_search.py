@@ -108,7 +108,7 @@ def test_a_huge_max_len_a_is_the_cap_not_an_overflow(a, tiny_model, make_src):
     model = tiny_model(0, eos_bias=-1e4, max_positions=16)
     if math.isfinite(a):
         dec = DecodeConfig(max_len_a=a, max_len_b=0)
-        assert len(greedy_search(model, make_src([5]), dec)[0].tokens) == 14
+        assert len(greedy_search(model, make_src([5]), dec)[0].tokens) == 15
 
 
 # --- greedy vs beam -------------------------------------------------------------------------
@@ -298,8 +298,9 @@ def test_random_model_output_length_bounded(tiny_model, make_src):
 def test_output_length_capped_by_position_table(tiny_model, make_src):
     model = tiny_model(0, eos_bias=-1e4, max_positions=16)
     src = make_src([12], 0)
-    assert len(greedy_search(model, src, DecodeConfig())[0].tokens) == 14  # 15 positions incl. EOS
-    assert len(beam_search(model, src, DecodeConfig(beam=2))[0][0].tokens) == 14
+    # the decoder reads BOS + 15 tokens (16 positions), then EOS is forced; before: 14 tokens
+    assert len(greedy_search(model, src, DecodeConfig())[0].tokens) == 15
+    assert len(beam_search(model, src, DecodeConfig(beam=2))[0][0].tokens) == 15
 
 
 # --- attention ------------------------------------------------------------------------------

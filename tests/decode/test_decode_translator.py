@@ -98,6 +98,7 @@ def test_an_empty_line_has_as_many_outputs_as_the_other_lines(translator):
     tr = translator(TRANSFORMER)
     empty, real = tr.translate(["", "a house"], beam=3, nbest=3, **SHORT)
     assert len(empty) == len(real) == 3 and {t.text for t in empty} == {""}
+    assert len({id(t) for t in empty}) == 3  # before: one object three times
     assert len(tr.translate([""], sampling=True, samples=3, **SHORT)[0]) == 3
 
 

@@ -32,3 +32,15 @@ def test_coverage_penalty_option_translates_every_line(trained, xinda, tmp_path)
     best = [nbest[0] for nbest in Translator.load(trained.model_dir).translate(
         lines, beam=4, coverage=0.2)]
     assert rows == [[f"{t.score:.4f}", t.text] for t in best]
+
+
+def test_pieces_with_dollar_signs_are_drawn_as_written(tmp_path):
+    """Before: matplotlib parsed "$a_b_c$" as a formula and raised "Double subscript" after
+    the translations were written; the other plots were never drawn."""
+    import torch
+
+    from xinda.evaluate.attention_plot import plot_attention
+
+    plot_attention(torch.full((3, 3), 0.5), ["$a_b_c$", "x"], ["$5", "$a^^b$"],
+                   tmp_path / "dollars.png", title="cost $a_b_c$")
+    assert Image.open(tmp_path / "dollars.png").size[0] > 100

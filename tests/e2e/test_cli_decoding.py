@@ -127,6 +127,12 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--set", "decode=3"), ("--set decode=", "name a setting")),
     (("--set", "decode.beams=3"), ("decode.beams", "Extra inputs")),
     (("--set", "decode.max_input_len=0"), ("decode.max_input_len", "greater than or equal")),
+    # before: tracebacks (int64 overflows, allocations of many GB)
+    (("--max-len-b", "99999999999999999999"), ("decode.max_len_b", "less than or equal")),
+    (("--beam", "100000000"), ("decode.beam", "less than or equal to 1000")),
+    (("--sampling", "--samples", "100000000"), ("decode.samples", "less than or equal")),
+    (("--exact-length", "99999999999999999999"), ("exact length 99999999999999999999",
+                                                  "writes at most")),
 ])
 def test_bad_values_are_one_line_errors(args, fragments, trained, files, xinda, one_line_error):
     folder, _ = files
@@ -201,6 +207,10 @@ def test_a_model_config_that_asks_for_sampling_samples(trained, files, xinda, tm
     by_options = translate(xinda, trained, folder, "--sampling", "--samples", "2", "--seed",
                            "7", "--top-p", "0.9").stdout
     assert by_config == by_options and " ||| " in by_config
+    # --no-sampling turns the model's sampling off (before: ignored, so --beam was refused)
+    beam = xinda("translate", model, "-i", folder / "in.txt", "--threads", "1",
+                 "--no-sampling", "--beam", "3").stdout
+    assert beam == translate(xinda, trained, folder, "--beam", "3").stdout
 
 
 def test_int8_decoding_agrees_with_float32(trained, files):

@@ -78,7 +78,9 @@ def translate(
     ban: Annotated[str | None, typer.Option(help="comma-separated target pieces/words")] = None,
     ban_source_copy: Annotated[bool, typer.Option(help="ban copying source tokens")] = False,
     exact_length: Annotated[int | None, typer.Option(help="output pieces per line")] = None,
-    sampling: Annotated[bool, typer.Option(help="sample instead of beam search")] = False,
+    sampling: Annotated[bool | None, typer.Option(
+        "--sampling/--no-sampling", help="sample instead of beam search (default: the "
+        "model's decode.sampling)")] = None,
     temperature: Annotated[float | None, typer.Option(help="sampling temperature > 0")] = None,
     top_k: Annotated[int | None, typer.Option(help="sample from the k best (0 = all)")] = None,
     top_p: Annotated[float | None, typer.Option(help="nucleus sampling, in (0, 1]")] = None,
@@ -113,7 +115,7 @@ def translate(
     if dec.sampling and used:  # sampling from --sampling, --set or the model's config
         raise XindaError(f"{', '.join(used)}: beam-search options, not used when sampling "
                          "(--sampling or decode.sampling; --samples sets the outputs per line)")
-    if sampler and not dec.sampling:
+    if any(k != "sampling" for k in sampler) and not dec.sampling:
         raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
@@ -146,10 +148,10 @@ def _decode_overrides(overrides: list[str]) -> dict:
     return decode
 
 
-def _sampling_options(on: bool, temperature: float | None, top_k: int | None,
+def _sampling_options(on: bool | None, temperature: float | None, top_k: int | None,
                       top_p: float | None, seed: int | None, samples: int | None) -> dict:
-    """The decode settings of the --sampling options that were given."""
-    given = {"sampling": on or None, "temperature": temperature, "top_k": top_k,
+    """The decode settings of the --sampling options that were given (--no-sampling too)."""
+    given = {"sampling": on, "temperature": temperature, "top_k": top_k,
              "top_p": top_p, "seed": seed, "samples": samples}
     return {k: v for k, v in given.items() if v is not None}
 

@@ -12,6 +12,7 @@ penalty, so that samples rank like beam hypotheses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,8 +51,9 @@ class SamplingConfig:
         return cls(dec.temperature, dec.top_k, dec.top_p, dec.samples, dec.seed)
 
     def __post_init__(self):
-        if not self.temperature > 0:
-            raise XindaError(f"sampling temperature must be > 0, got {self.temperature}")
+        if not 0 < self.temperature < math.inf:
+            raise XindaError(f"sampling temperature must be > 0 and finite, got "
+                             f"{self.temperature}")
         if self.top_k < 0:
             raise XindaError(f"sampling top-k must be >= 0 (0 = no limit), got {self.top_k}")
         if not 0 < self.top_p <= 1:

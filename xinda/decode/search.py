@@ -102,9 +102,9 @@ def _step_logprobs(model: Seq2SeqModel, last: Tensor, enc, state: dict, need_att
 def _output_limits(model: Seq2SeqModel, enc, dec: DecodeConfig,
                    constraints: Sequence[Constraint] = ()) -> tuple[Tensor, Tensor]:
     """(B,) minimum lengths (EOS banned before) and (B,) output length limits incl. EOS:
-    a * |x| + b moved by the constraints' declared lengths, below the model's position table
-    (BOS first)."""
-    cap = model.cfg.max_positions - 1
+    a * |x| + b moved by the constraints' declared lengths, at most the model's position table
+    (the decoder reads BOS and the output before EOS: max_positions - 1 tokens + EOS)."""
+    cap = model.cfg.max_positions
     limits = max_lengths((~enc.src_pad).sum(1), dec.max_len_a, dec.max_len_b, cap)
     return length_bounds(constraints, limits, cap)
 

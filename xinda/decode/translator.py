@@ -244,6 +244,10 @@ class Translator:
                        if i != self.tgt_vocab.unk] for s in sources]
             out.append(BanSourceTokens(copies, self.model.vocab))
         if exact_length is not None:
+            if exact_length >= self.model.cfg.max_positions:
+                raise XindaError(f"exact length {exact_length}: this model writes at most "
+                                 f"{self.model.cfg.max_positions - 1} tokens (its position "
+                                 "table)")
             out.append(ExactLength([exact_length] * len(lines)))
         return out
 
@@ -306,4 +310,4 @@ def empty_translations(line: int, constraints: Sequence[Constraint], n: int
     (``UNSATISFIABLE``) when one of the ``constraints`` asks that line for a token or more."""
     if any(c.min_length(line) for c in constraints):
         return [Translation("", float("-inf"), [], [], error=UNSATISFIABLE)]
-    return [Translation("", 0.0, [], [])] * n
+    return [Translation("", 0.0, [], []) for _ in range(n)]

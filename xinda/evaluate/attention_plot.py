@@ -18,7 +18,7 @@ def plot_attention(weights: torch.Tensor, source: list[str], target: list[str],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols, rows = [*source, "</s>"], [*target, "</s>"]
+    cols, rows = [*map(_literal, source), "</s>"], [*map(_literal, target), "</s>"]
     weights = weights[: len(rows), : len(cols)].float().numpy()
     fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * len(cols) + 1.5),
                                     max(3.0, 0.35 * len(rows) + 1.2)))
@@ -28,8 +28,14 @@ def plot_attention(weights: torch.Tensor, source: list[str], target: list[str],
     ax.set_xlabel("source")
     ax.set_ylabel("target")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(_literal(title), fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.04)
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
+
+
+def _literal(text: str) -> str:
+    """``text`` shown as written: matplotlib reads text between two $ as a formula (and fails
+    on one it cannot parse, e.g. "$a_b_c$")."""
+    return text.replace("$", r"\$")

@@ -74,7 +74,7 @@ def translate_work(translator: Translator, options: dict, inputs: Sequence[Line]
     limit = translator.source_limit(dec)
     sizes = torch.tensor([min(len(translator.source_ids(line, False)), limit)
                           for line, _ in inputs])  # source tokens; + EOS below
-    cap = translator.model.cfg.max_positions - 1
+    cap = translator.model.cfg.max_positions  # output tokens + EOS (search._output_limits)
     limits = max_lengths(sizes + 1, dec.max_len_a, dec.max_len_b, cap)
     _, limits = length_bounds(constraints(translator, options, inputs), limits, cap)
     rows = dec.samples if dec.sampling else dec.beam
@@ -85,7 +85,7 @@ def couplet_work(translator: Translator, options: dict, inputs: Sequence[str]) -
     """Decoder row-steps a couplet job may take: beam max(nbest, decode.beam) rows
     (``write_couplets``) of at most two tokens per character + EOS (``CoupletRules``)."""
     rows = max(options.get("nbest", 1), translator.cfg.decode.beam)
-    cap = translator.model.cfg.max_positions - 1
+    cap = translator.model.cfg.max_positions  # output tokens + EOS (search._output_limits)
     return rows * sum(min(2 * len("".join(up.split())) + 1, cap) for up in inputs)
 
 
