@@ -5,8 +5,8 @@ from dataclasses import asdict
 import pytest
 
 from xinda.config import TrainConfig
+from xinda.train.progress import Progress
 from xinda.train.schedule import learning_rate
-from xinda.train.trainer import Progress
 
 D, WARM, SCALE = 64, 100, 2.0
 # By hand: scale * d^-0.5 = 2 / 8 = 0.25; noam's maximum, at step == warmup, 0.25 / 10.

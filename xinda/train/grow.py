@@ -27,7 +27,7 @@ from xinda.errors import XindaError
 from xinda.models.registry import build_model, resolve
 from xinda.models.transformer.grow import grow_encoder, grown_config
 from xinda.train.curves import CsvLog
-from xinda.train.trainer import Progress
+from xinda.train.progress import Progress
 from xinda.utils import atomic_save, check_writable, write_errors
 
 log = logging.getLogger("xinda")

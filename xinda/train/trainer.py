@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -42,6 +42,7 @@ from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
+from xinda.train.progress import Progress
 from xinda.train.run_dir import (
     apply_hyperparameters,
     check_lengths,
@@ -56,29 +57,6 @@ from xinda.utils import atomic_path, atomic_write_text, os_errors_named
 log = logging.getLogger("xinda")
 
 ValidBleu = Callable[[Seq2SeqModel], float]  # model -> BLEU of its validation translations
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
-
-    step: int = 0  # updates done
-    epoch: int = 1  # current epoch (1-based)
-    batch: int = 0  # next batch of the current epoch (of all ranks' batches)
-    tgt_tokens: int = 0  # target tokens trained on (incl. EOS), all ranks
-    train_seconds: float = 0.0  # wall clock of the updates (and their checkpoints)
-    wall_seconds: float = 0.0  # wall clock of the training loops, validation included
-    best: float = -math.inf  # best validation score (BLEU, or -loss)
-    best_metric: str = ""  # what ``best`` measures: "bleu" or "loss"
-    bad_epochs: int = 0  # epochs since the best one
-    lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
-    # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
-    # ends and resumes: every update is in exactly one row)
-    log_window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0.0])
-
-    def __post_init__(self) -> None:
-        if not self.best_metric and math.isfinite(self.best):  # saved before it was recorded
-            self.best_metric = "bleu" if self.best >= 0 else "loss"
 
 
 class Trainer:

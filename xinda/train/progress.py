@@ -1,0 +1,29 @@
+"""``Progress``, the training loop's (``xinda.train.trainer``) record of where a run stands."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
+
+    step: int = 0  # updates done
+    epoch: int = 1  # current epoch (1-based)
+    batch: int = 0  # next batch of the current epoch (of all ranks' batches)
+    tgt_tokens: int = 0  # target tokens trained on (incl. EOS), all ranks
+    train_seconds: float = 0.0  # wall clock of the updates (and their checkpoints)
+    wall_seconds: float = 0.0  # wall clock of the training loops, validation included
+    best: float = -math.inf  # best validation score (BLEU, or -loss)
+    best_metric: str = ""  # what ``best`` measures: "bleu" or "loss"
+    bad_epochs: int = 0  # epochs since the best one
+    lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
+    # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
+    # ends and resumes: every update is in exactly one row)
+    log_window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0.0])
+
+    def __post_init__(self) -> None:
+        if not self.best_metric and math.isfinite(self.best):  # saved before it was recorded
+            self.best_metric = "bleu" if self.best >= 0 else "loss"
