@@ -21,8 +21,8 @@ def bleu_tokenizer(tgt_lang: str) -> str | None:
 
 def validation_bleu(cfg: ExperimentConfig, data_dir: str | Path | None = None) -> ValidBleu | None:
     """model -> BLEU of its translations of the prepared validation set (beam
-    ``train.valid_beam``), or None when the config asks for no validation BLEU or the data has
-    no validation split."""
+    ``train.valid_beam``) against its references cleaned like the training targets, or None
+    when the config asks for no validation BLEU or the data has no validation split."""
     tc = cfg.train
     data_dir = Path(data_dir or cfg.data.out_dir)
     manifest = load_manifest(data_dir)
@@ -30,7 +30,9 @@ def validation_bleu(cfg: ExperimentConfig, data_dir: str | Path | None = None) -
         return None
     vocabs = load_vocabularies(data_dir, manifest)
     sources = list(read_lines(data_dir / "valid.src.txt"))
-    refs = list(read_lines(data_dir / "valid.tgt.txt"))
+    # the references as the target side was cleaned for training (normalisation,
+    # lowercasing), so that a perfect model scores 100: this score picks checkpoints
+    refs = [vocabs.tgt_text.clean(line) for line in read_lines(data_dir / "valid.tgt.txt")]
     tokenize = bleu_tokenizer(manifest["tgt_lang"])
 
     def score(model: Seq2SeqModel) -> float:
