@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -197,3 +199,21 @@ def write_stdout(text: str) -> None:
     except OSError as err:
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - to the end
         raise XindaError(f"stdout: cannot write the output: {err.strerror or err}") from None
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """In this block (main thread only) SIGTERM raises KeyboardInterrupt, so that what Ctrl-C
+    cleans up (staging folders, temporary files) is cleaned up on ``kill`` or ``timeout``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -325,3 +325,20 @@ def test_a_rerun_replaces_the_dataset_whole(tmp_path):
     assert saved["splits"] == second["splits"]
     assert len(load_split(tmp_path / "bin", "train")[0]) == second["splits"]["train"]["pairs"]
     assert not list((tmp_path / "bin").glob(".*"))  # no staging folder left
+
+
+def test_a_rerun_removes_the_files_the_new_dataset_does_not_have(tmp_path):
+    """Before: a test set dropped and separate vocabularies instead of a joint one left x.*
+    and spm.model behind, and load_split still read x with the old vocabulary."""
+    train = corpus(tmp_path, "train", lines(200), lines(200, 1))
+    test = corpus(tmp_path, "x", lines(10, 3), lines(10, 4))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "notes.md").write_text("mine")  # not the dataset's: stays
+    prepare(config(tmp_path, train=train, test={"x": test}), log=lambda _: None)
+    assert (tmp_path / "bin" / "x.src.ids.npy").exists() and (tmp_path / "bin" / "spm.model").exists()
+    prepare(config(tmp_path, train=train, joint_vocab=False), log=lambda _: None)
+    left = {p.name for p in (tmp_path / "bin").iterdir()}
+    assert not {name for name in left if name.startswith("x.")} and "spm.model" not in left
+    assert {"spm.src.model", "spm.tgt.model", "notes.md"} <= left
+    with pytest.raises(XindaError, match="no split 'x'"):
+        load_split(tmp_path / "bin", "x")

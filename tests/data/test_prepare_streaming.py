@@ -5,6 +5,7 @@ a seeded reservoir and finds misaligned files while streaming."""
 from __future__ import annotations
 
 import io
+import os
 import random
 from pathlib import Path
 
@@ -15,9 +16,9 @@ from xinda.config import DataConfig
 from xinda.data.arrays import TokenArrays
 from xinda.data.manifest import load_split, load_vocabularies
 from xinda.data.prepare import filter_train, prepare, train_spm
-from xinda.data.stream import NpyAppender, Reservoir
+from xinda.data.stream import NpyAppender, Reservoir, ordered_map
 from xinda.data.text import TextPipeline
-from xinda.data.train_stream import control_mask, encode_lines
+from xinda.data.train_stream import control_mask, encode_lines, worker_pool
 from xinda.errors import XindaError
 
 WORDS = {"the": "der", "a": "ein", "cat": "katze", "dog": "hund", "man": "mann", "sees": "sieht",
@@ -207,3 +208,10 @@ def test_a_second_prepare_into_the_same_directory_uses_its_own_model(tmp_path):
     prepare(config(tmp_path, train=second), log=lambda _: None)
     prepare(config(tmp_path / "fresh", train=second), log=lambda _: None)
     assert output_files(tmp_path / "bin") == output_files(tmp_path / "fresh" / "bin")
+
+
+def test_a_worker_that_dies_is_a_one_line_error_not_a_hang():
+    """Before (multiprocessing.Pool): the pool replaced the dead worker, dropped its chunk and
+    prepare waited for it forever (the OOM killer on a large corpus, or kill -9)."""
+    with pytest.raises(XindaError, match="a data.workers process died"), worker_pool(2) as pool:
+        list(ordered_map(os._exit, [1, 1, 1], pool, 2))  # each call ends its worker at once

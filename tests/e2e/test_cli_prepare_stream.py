@@ -72,3 +72,24 @@ def test_ctrl_c_with_workers_ends_at_once_without_worker_tracebacks(xinda_popen,
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "xinda: interrupted"
     assert not (tmp_path / "data-bin").exists()  # made by this run, and nothing in it
+
+
+def test_sigterm_removes_the_staging_folder_like_ctrl_c(xinda_popen, tmp_path):
+    """Before: kill / timeout left out_dir/.staging-*/.spool-*/train.pkl (the whole
+    preprocessed corpus) behind for good."""
+    import signal
+    import subprocess
+    import time
+
+    config = write_config(tmp_path, write_corpus(tmp_path, 60_000))
+    proc = xinda_popen("prepare", config, "--workers", 2, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "data-bin").glob(".staging-*/.spool-*/*")):  # pass 1 running
+        assert proc.poll() is None and time.monotonic() < deadline, "prepare did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # to the parent only, as kill PID does
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "xinda: interrupted"
+    assert not (tmp_path / "data-bin").exists()  # made by this run, and nothing left in it

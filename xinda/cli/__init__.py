@@ -63,10 +63,12 @@ def prepare(config: Path, set_: SetOpt = None,
             ) -> None:
     """Clean, pre-tokenise, learn sentencepiece and binarise the corpus of CONFIG's data."""
     from xinda.data.prepare import prepare as run_prepare
+    from xinda.utils import terminate_as_interrupt
 
     overrides = [*(set_ or []), *([f"data.workers={workers}"] if workers else [])]
     cfg = validated(load_config(config, overrides), config)
-    manifest = run_prepare(cfg.data)
+    with terminate_as_interrupt():  # kill / timeout: the staging folder goes, as on Ctrl-C
+        manifest = run_prepare(cfg.data)
     sizes = ", ".join(f"{k} {v['pairs']}" for k, v in manifest["splits"].items())
     print(f"prepared {cfg.data.out_dir}: {sizes}")
 

@@ -233,10 +233,28 @@ def _staging_dir(out_dir: Path) -> Iterator[Path]:
 
 def _publish(stage: Path, out_dir: Path) -> None:
     """Move the finished dataset from ``stage`` into ``out_dir``, the manifest last: a reader
-    never sees a manifest with files of another run (a crash inside leaves no manifest)."""
+    never sees a manifest with files of another run (a crash inside leaves no manifest). The
+    files of the dataset it replaces that this one does not have (a test set dropped, one
+    vocabulary instead of two) go first."""
+    stale = _dataset_files(out_dir) - {path.name for path in stage.iterdir()}
     (out_dir / MANIFEST).unlink(missing_ok=True)
+    for name in sorted(stale):
+        (out_dir / name).unlink(missing_ok=True)
     for path in sorted(stage.iterdir(), key=lambda p: p.name == MANIFEST):
         os.replace(path, out_dir / path.name)
+
+
+def _dataset_files(out_dir: Path) -> set[str]:
+    """The files the manifest in ``out_dir`` names (none without a readable one): its
+    sentencepiece models and each split's arrays and text."""
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+        spm_files, splits = set(manifest["spm"].values()), list(manifest["splits"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    names = spm_files | {f"{split}.{side}.{kind}" for split in splits for side in SIDES
+                         for kind in ("ids.npy", "offsets.npy", "txt")}
+    return {name for name in names if isinstance(name, str) and Path(name).name == name}
 
 
 def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], stage: Path

@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor
 from itertools import islice
-from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -136,17 +136,17 @@ class NpyAppender:
         self.file.flush()
 
 
-def ordered_map(func: Callable[[T], R], items: Iterable[T], pool: Pool | None,
+def ordered_map(func: Callable[[T], R], items: Iterable[T], pool: Executor | None,
                 ahead: int) -> Iterator[R]:
     """``map(func, items)`` in order, on ``pool`` when given with at most ``ahead`` items in
-    flight (``Pool.imap`` would read ``items`` to the end at once)."""
+    flight (``Executor.map`` would read ``items`` to the end at once)."""
     if pool is None:
         yield from map(func, items)
         return
     pending: deque = deque()
     for item in items:
-        pending.append(pool.apply_async(func, (item,)))
+        pending.append(pool.submit(func, item))
         if len(pending) >= ahead:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
     while pending:
-        yield pending.popleft().get()
+        yield pending.popleft().result()

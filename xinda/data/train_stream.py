@@ -18,10 +18,11 @@ import pickle
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from multiprocessing.pool import Pool
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from xinda.data.manifest import SIDES
 from xinda.data.stream import NpyAppender, Pair, Reservoir, ordered_map, read_chunks
 from xinda.data.text import TextPipeline
 from xinda.data.vocab import Vocab
+from xinda.errors import XindaError
 from xinda.utils import atomic_path, has_control_chars
 
 _ENCODE_BATCH = 20_000
@@ -83,25 +85,34 @@ class Spool:
 
 
 @contextmanager
-def worker_pool(workers: int) -> Iterator[Pool | None]:
+def worker_pool(workers: int) -> Iterator[Executor | None]:
     """A pool of ``workers`` processes, or None for one. They are spawned (safe beside
     threads), so a script that calls ``prepare`` with workers needs the usual
-    ``if __name__ == "__main__":`` guard."""
+    ``if __name__ == "__main__":`` guard. A worker that dies (killed, out of memory) ends
+    ``prepare`` with an error; before, with ``multiprocessing.Pool``, it waited forever for
+    the lost chunk."""
     if workers <= 1:
         yield None
         return
-    with _interrupts_ignored():  # the workers start with Ctrl-C ignored and keep it so
-        pool = multiprocessing.get_context("spawn").Pool(workers)
-    with pool:
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        with _interrupts_ignored():  # start every worker now, ignoring Ctrl-C for good
+            for started in [pool.submit(int) for _ in range(workers)]:  # (one spawn each)
+                started.result()
         yield pool
+    except BrokenProcessPool:
+        raise XindaError(f"a data.workers process died (killed, or out of memory?): run "
+                         f"prepare again, with fewer than {workers} workers or a smaller "
+                         "data.chunk_size") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @contextmanager
 def _interrupts_ignored() -> Iterator[None]:
     """Ignore Ctrl-C (SIGINT) in this block, in the main thread; processes started inside
     inherit that. Ctrl-C reaches a terminal's whole process group, but it is the parent's to
-    handle (it terminates the pool): a worker that took it could die holding the result
-    queue's lock, and the parent's ``terminate`` would then wait for that lock forever."""
+    handle: a worker that took it would die, with a traceback, and break the pool."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -113,7 +124,7 @@ def _interrupts_ignored() -> Iterator[None]:
 
 
 def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipeline, TextPipeline],
-                pool: Pool | None, path: Path) -> Spool:
+                pool: Executor | None, path: Path) -> Spool:
     """Pass 1: read and preprocess every chunk into ``path``; sample pairs for sentencepiece
     (unless ``data.spm_model`` gives one). Fails (before anything is trained) if no pair has
     two non-empty sides."""
@@ -183,7 +194,7 @@ def array_writers(out_dir: Path, split: str) -> Iterator[Callable[[str, TokenArr
 
 
 def binarise_train(spool: Spool, models: tuple[str, str], cfg: DataConfig, out_dir: Path,
-                   pool: Pool | None) -> tuple[dict, dict]:
+                   pool: Executor | None) -> tuple[dict, dict]:
     """Pass 2: encode, truncate or filter and write the training arrays; return the split's
     stats and the filter report."""
     seen: set[bytes] = set()
