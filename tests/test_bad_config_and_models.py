@@ -92,3 +92,10 @@ def test_a_cuda_device_without_cuda_is_one_line(monkeypatch):
     from xinda.device import pick_device
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert error(pick_device, "cuda").startswith("train.device cuda: no CUDA device here")
+
+
+def test_heads_that_do_not_divide_the_width_are_a_config_error():
+    """Before: accepted by the config, then a ValueError traceback when the model was built."""
+    from xinda.models.registry import resolve
+    message = error(resolve, {"preset": "transformer-tiny", "heads": 3}, "c.yaml")
+    assert "heads (3) must divide d_model (128)" in message

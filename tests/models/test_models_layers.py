@@ -212,6 +212,12 @@ def test_dropout_drops_fraction_p_and_scales_kept_values(p):
     assert y.mean().item() == pytest.approx(2.0, rel=0.01)  # expectation preserved
 
 
+@pytest.mark.parametrize("p", [0.999995, 1.0])
+def test_dropout_that_rounds_to_one_drops_everything(p):
+    """Before: p in [1 - 2^-17, 1) divided by zero when the layer was built."""
+    assert torch.equal(Dropout(p).train()(torch.ones(3, 4)), torch.zeros(3, 4))
+
+
 def test_dropout_mask_is_not_a_repeating_pattern():
     """Every int16 lane of the random draw is used: neighbouring elements are independent."""
     torch.manual_seed(13)

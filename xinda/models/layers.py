@@ -32,11 +32,14 @@ class Dropout(nn.Module):
         super().__init__()
         self.p = p
         self.threshold = round(p * 65536) - 32768  # int16 draws >= threshold are kept
-        self.scale = 1.0 / (1.0 - round(p * 65536) / 65536) if p < 1 else 0.0
+        kept = 1.0 - round(p * 65536) / 65536  # p rounded to 1 keeps nothing
+        self.scale = 1.0 / kept if kept > 0 else 0.0
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.threshold <= -32768:  # p == 0 (rounded)
             return x
+        if not self.scale:  # p == 1 (rounded): nothing kept
+            return x * 0.0
         n = x.numel()
         bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device)
         bits.random_(-(2**63), 2**63 - 1)  # full 64 random bits = four int16 lanes

@@ -88,7 +88,9 @@ class DenseConnection(nn.Module):
 def dlcl_init(size: int, init: DenseInit = "mean") -> Tensor:
     """DLCL's initial (size, size) lower-triangular W. ``mean`` (textbook ch. 15): row k is
     1 / (k + 1) on its k + 1 entries. ``last``: row k is 1 on z_k, the newest output, and 0 on
-    the earlier ones, so training starts from a plain stack and learns to reach back."""
+    the earlier ones, so training starts from a plain stack and learns to reach back (a
+    post-norm one; with pre-norm each layer then reads LN_k(x_k), the stored z_k, where a plain
+    pre-norm stack passes x_k on)."""
     if init == "last":
         return torch.eye(size)
     rows = torch.arange(1, size + 1, dtype=torch.float32)[:, None]

@@ -84,6 +84,9 @@ class TransformerConfig(ModelConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TransformerConfig:
+        if self.d_model % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model}): "
+                             "each head attends over d_model / heads dimensions")
         if self.dense != "none" and self.fusion != "none":
             raise ValueError("dense (DLCL) and fusion both rewire the layer inputs: pick one")
         if self.fusion != "none" and self.fusion_side == "none":
