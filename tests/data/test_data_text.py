@@ -37,7 +37,9 @@ def test_char_round_trip_with_spaces():
 
 @pytest.mark.parametrize(
     "line",
-    ["我爱北京天安门和Python编程。", "我喜欢NLP and deep learning。", "他说：“你好！”价格是1,000元。"],
+    ["我爱北京天安门和Python编程。", "我喜欢NLP and deep learning。", "他说：“你好！”价格是1,000元。",
+     # before: "10: 30", "www. google. com", "a_b@c. com"
+     "会议在10:30开始。", "访问www.google.com查看。", "写信到a_b@c.com吧。"],
 )
 def test_jieba_round_trip(line):
     pipe = TextPipeline("NFKC", False, "jieba", "zh")

@@ -15,7 +15,6 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import cache, lru_cache
-from itertools import pairwise
 from typing import get_args
 
 from xinda.config import Normalization, Pretok
@@ -56,14 +55,20 @@ def _is_wide(char: str) -> bool:
     return unicodedata.east_asian_width(char) in ("W", "F")
 
 
-def _needs_space(left: str, right: str) -> bool:
-    """Whether detokenised jieba output keeps a space between two tokens' boundary chars."""
+def _needs_space(before: str, left: str, right: str) -> bool:
+    """Whether detokenised jieba output keeps a space between two tokens' boundary chars
+    ``left`` and ``right`` (``before``: the character written before ``left``, or "")."""
     if _is_wide(left) or _is_wide(right):
         return False
     if left.isalnum() and right.isalnum():
         return True
     if left in _CLOSING and right.isalnum():
-        return not (left in ",." and right.isdigit())  # keep "1,000" and "3.5" together
+        if left in ",." and right.isdigit():
+            return False  # "1,000", "3.5"
+        if left == ":" and before.isdigit() and right.isdigit():
+            return False  # "10:30", "3:2"
+        # "www.google.com", "a@b.com": no sentence goes on in lower case after "."
+        return not (left == "." and before.isalnum() and right.islower())
     return right in _OPENING and (left.isalnum() or left in _CLOSING)
 
 
@@ -72,12 +77,11 @@ def jieba_detokenize(text: str) -> str:
     tokens = text.split()
     if not tokens:
         return ""
-    out = [tokens[0]]
-    for prev, tok in pairwise(tokens):
-        if _needs_space(prev[-1], tok[0]):
-            out.append(" ")
-        out.append(tok)
-    return "".join(out)
+    out = tokens[0]
+    for tok in tokens[1:]:
+        before = out[-2] if len(out) > 1 else ""
+        out += (" " if _needs_space(before, out[-1], tok[0]) else "") + tok
+    return out
 
 
 @dataclass(frozen=True)
