@@ -20,8 +20,8 @@ Systems (every fusion on encoder and decoder unless named otherwise):
 The paper's settings: Adam, lr 5e-4, inverse-sqrt schedule, betas (0.9, 0.99), eps 1e-9;
 dropout 0.3, label smoothing 0.1, at most 5000 tokens per batch, beam 5. ``--size small`` is
 3+3 x 256 (CPU; 1000 warm-up updates), ``base`` 6+6 x 512 (GPU; 4000). Every run trains exactly
-``--updates`` updates, validates (loss) at each epoch end, keeps its last 5 epoch checkpoints and
-is scored on their average. The baseline's validation loss over the last fifth of the updates
+``--updates`` updates, validates (loss) at each epoch end and is scored on the average of its
+last 5 checkpoints (the last epoch ends and the final update). The baseline's validation loss over the last fifth of the updates
 says whether it has plateaued: compare ``valid_loss_change_last_fifth`` across update counts.
 
 Per pair: BLEU mean +- std over seeds, the paired bootstrap test of each seed's output against the
@@ -323,10 +323,34 @@ def run_speed(result: dict) -> float:
 
 
 def speed_setting(result: dict) -> str:
-    """How a run's tok/s was measured: "threads × runs at once" (1 run for older results),
-    and whether it is the median log window or the whole run's total."""
+    """How a run's tok/s was measured: "threads × jobs" (the study's ``--threads`` and
+    ``--jobs``: at most that many runs trained at once; 1 for older results), and whether it
+    is the median log window or the whole run's total."""
     kind = "median window" if result.get("tok_per_s_median_window") else "total"
     return f"{result['config']['train']['threads']} × {result.get('runs_at_once', 1)}, {kind}"
+
+
+def speeds_by_setting(by_seed: dict) -> dict[str, int]:
+    """Mean tok/s of a system's seeds per measurement setting (``speed_setting``): speeds
+    taken with other threads or jobs are not averaged together."""
+    found: dict[str, list[float]] = {}
+    for result in by_seed.values():
+        found.setdefault(speed_setting(result), []).append(run_speed(result))
+    return {setting: round(statistics.fmean(v)) for setting, v in found.items()}
+
+
+def paired_with_baseline(by_seed: dict, baseline: dict) -> dict:
+    """A system against the baseline on the seeds both ran: the mean BLEU difference, and the
+    mean tok/s ratio over those of them measured in the same setting (None where none)."""
+    seeds = [s for s in sorted(by_seed) if s in baseline]
+    if not seeds:
+        return {"seeds": [], "bleu_difference": None, "speed_ratio": None}
+    same = [s for s in seeds if speed_setting(by_seed[s]) == speed_setting(baseline[s])]
+    ratio = statistics.fmean(run_speed(by_seed[s]) / run_speed(baseline[s])
+                             for s in same) if same else None
+    delta = statistics.fmean(by_seed[s]["bleu"] - baseline[s]["bleu"] for s in seeds)
+    return {"seeds": seeds, "bleu_difference": round(delta, 2),
+            "speed_ratio": None if ratio is None else round(ratio, 3)}
 
 
 def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
@@ -345,9 +369,10 @@ def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
             "p_vs_baseline": None if system == "baseline" else [
                 paired_p(pair, pair_dir / "baseline" / f"seed{s}", pair_dir / system / f"seed{s}")
                 for s in sorted(by_seed)],
-            "tok_per_s": round(statistics.fmean(run_speed(r) for r in by_seed.values())),
-            "tok_per_s_measured_with": " / ".join(dict.fromkeys(
-                speed_setting(r) for r in by_seed.values())),
+            "tok_per_s_by_setting": speeds_by_setting(by_seed),
+            "vs_baseline": None if system == "baseline" else paired_with_baseline(
+                by_seed, runs.get("baseline", {})),
+            "updates": sorted({r["updates"] for r in by_seed.values() if "updates" in r}),
             "best_valid_loss": round(statistics.fmean(r["best_valid_loss"]
                                                       for r in by_seed.values()), 3),
             "valid_loss_change_last_fifth": [r["valid_loss_change_last_fifth"]
@@ -381,28 +406,55 @@ def p_cell(ps: list[float | None]) -> str:
 
 
 def comparisons_markdown(found: list[dict]) -> list[str]:
-    body = [[c["claim"], f"{c['system']} − {c['reference']}", f"{c['bleu_difference']:+.2f}",
-             p_cell(c["p"])] for c in found]
-    header = ["the paper's claim", "BLEU difference", "mean", "p (per seed)"]
+    body = [[c["claim"], f"{c['system']} − {c['reference']}", ", ".join(map(str, c["seeds"])),
+             f"{c['bleu_difference']:+.2f}", p_cell(c["p"])] for c in found]
+    header = ["the paper's claim", "BLEU difference", "seeds (both systems)",
+              "mean difference over those seeds", "p (per seed)"]
     return ["", "Between fusion systems:", "", *markdown_table(header, body)] if found else []
+
+
+NOTES = ("BLEU: mean ± sample standard deviation over seeds. p: sacreBLEU's paired bootstrap "
+         "(1000 resamples) of the system's test translations against the other system's with "
+         "the same seed; it tests |ΔBLEU|, i.e. two-sided, whatever the sign. Δ vs baseline and "
+         "the speed ratio pair each seed with the baseline's same seed (speed: only seeds "
+         "measured with the same threads × jobs). tok/s: per setting, threads × --jobs (at "
+         "most that many runs trained at once). Every run is scored on the average of its "
+         "last 5 checkpoints; 'best valid loss' is the minimum of its curve, not necessarily "
+         "that checkpoint's.")
+
+
+def vs_baseline_cells(r: dict) -> list[str]:
+    """The "Δ BLEU vs baseline" and "tok/s vs baseline" cells of a system's row."""
+    paired = r.get("vs_baseline")
+    if not paired or not paired["seeds"]:
+        return ["–", "–"]
+    seeds = ", ".join(map(str, paired["seeds"]))
+    ratio = paired["speed_ratio"]
+    return [f"{paired['bleu_difference']:+.2f} (seeds {seeds})",
+            "–" if ratio is None else f"{ratio:.2f}×"]
 
 
 def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              found: list[dict] = ()) -> str:
     buckets = list(rows[0]["bleu_by_length"]) if rows else []
-    header = ["system", "params", "seeds", "BLEU (mean ± std)", "p vs baseline (per seed)",
-              "train tok/s (threads × runs at once, how)",
-              "best valid loss", "valid loss change, last fifth",
+    header = ["system", "params", "seeds", "BLEU (mean ± std)", "Δ BLEU vs baseline",
+              "p vs baseline (per seed)", "train tok/s (threads × jobs, how)",
+              "tok/s vs baseline", "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", ", ".join(map(str, r.get("seeds", []))),
-             bleu_cell(r["bleu_mean"], r["bleu_std"]),
+             bleu_cell(r["bleu_mean"], r["bleu_std"]), vs_baseline_cells(r)[0],
              "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"]),
-             f"{r['tok_per_s']} ({r['tok_per_s_measured_with']})", r["best_valid_loss"],
+             " / ".join(f"{v} ({k})" for k, v in r["tok_per_s_by_setting"].items()),
+             vs_baseline_cells(r)[1], r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
              *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
+    updates = sorted({u for r in rows for u in r.get("updates", [])})
+    other = [u for u in updates if u != args.updates]
     title = (f"### {pair}: {args.size}, {args.updates} updates, gate {args.gate}, seeds "
-             f"{args.seeds}; BLEU by source length in {PAIRS[pair]['unit']} (sentences)")
-    return "\n".join([title, "", *markdown_table(header, body), *comparisons_markdown(found)])
+             f"{args.seeds}; BLEU by source length in {PAIRS[pair]['unit']} (sentences)"
+             + (f" -- WARNING: some runs trained {other} updates" if other else ""))
+    return "\n".join([title, "", *markdown_table(header, body), "", NOTES,
+                      *comparisons_markdown(found)])
 
 
 def plot_valid_curves(runs: dict, png: Path, title: str) -> None:
