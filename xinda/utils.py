@@ -202,18 +202,24 @@ def write_stdout(text: str) -> None:
 
 
 @contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """In this block (main thread only) SIGTERM raises KeyboardInterrupt, so that what Ctrl-C
-    cleans up (staging folders, temporary files) is cleaned up on ``kill`` or ``timeout``."""
+def signal_handled(signum: int, handler) -> Iterator[None]:
+    """``handler`` for ``signum`` in this block, the previous one restored after; a no-op
+    outside the main thread (where Python cannot set handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def interrupt(_signum, _frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
+
+
+def _interrupt(_signum, _frame):
+    raise KeyboardInterrupt
+
+
+def terminate_as_interrupt():
+    """A block in which SIGTERM raises KeyboardInterrupt, so that what Ctrl-C cleans up
+    (staging folders, temporary files) is cleaned up on ``kill`` or ``timeout``."""
+    return signal_handled(signal.SIGTERM, _interrupt)

@@ -16,7 +16,7 @@ from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
 from xinda.decode.translator import Translation, Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, is_punctuation
-from xinda.utils import replace_control_chars
+from xinda.utils import visible_text
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[l
 def _visible(line: str) -> str:
     """``line`` without whitespace, control characters and invisible format characters
     (a BOM, zero-width spaces): what takes a position in a couplet."""
-    kept = (c for c in replace_control_chars(line) if unicodedata.category(c) != "Cf")
-    return "".join("".join(kept).split())
+    return "".join(c for c in visible_text(line)
+                   if c != " " and unicodedata.category(c) != "Cf")
 
 
 def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,

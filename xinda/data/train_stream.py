@@ -16,7 +16,6 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import signal
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -36,7 +35,7 @@ from xinda.data.stream import NpyAppender, Pair, Reservoir, ordered_map, read_ch
 from xinda.data.text import TextPipeline
 from xinda.data.vocab import Vocab
 from xinda.errors import XindaError
-from xinda.utils import atomic_path, has_control_chars
+from xinda.utils import atomic_path, has_control_chars, signal_handled
 
 _ENCODE_BATCH = 20_000
 
@@ -96,7 +95,10 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
         return
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     try:
-        with _interrupts_ignored():  # start every worker now, ignoring Ctrl-C for good
+        # start every worker now, in a block where Ctrl-C is ignored: they inherit that.
+        # Ctrl-C reaches a terminal's whole process group, but it is the parent's to handle:
+        # a worker that took it would die, with a traceback, and break the pool
+        with signal_handled(signal.SIGINT, signal.SIG_IGN):
             for started in [pool.submit(int) for _ in range(workers)]:  # (one spawn each)
                 started.result()
         yield pool
@@ -106,21 +108,6 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
                          "data.chunk_size") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextmanager
-def _interrupts_ignored() -> Iterator[None]:
-    """Ignore Ctrl-C (SIGINT) in this block, in the main thread; processes started inside
-    inherit that. Ctrl-C reaches a terminal's whole process group, but it is the parent's to
-    handle: a worker that took it would die, with a traceback, and break the pool."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipeline, TextPipeline],
