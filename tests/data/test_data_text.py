@@ -14,6 +14,11 @@ from xinda.data.text import SPACE_MARK, TextPipeline
         ("en", 'She said "yes" -- and left.'),
         ("de", "Das ist ein Test, oder? Er sagt: „Hallo!“ Zwei Männer, 3,5 km."),
         ("de", "Ein Hund läuft über die Straße."),
+        # before: "3: 30", "10: 30 Uhr", "geht 's", "Peter' s"
+        ("en", "Meet at 3:30, it's John's car; score 2:1."),
+        ("en", "Time: 10 minutes, score 2: 1."),
+        ("de", "Wie geht's? Peter's Auto kommt um 10:30 Uhr."),
+        ("de", "Sie sagte 'ja' und ging."),
     ],
 )
 def test_moses_round_trip(lang, line):

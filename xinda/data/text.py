@@ -23,6 +23,12 @@ from xinda.utils import visible_text
 SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
 _CLOSING = ",;:!?.)]}%"
 _OPENING = "([{"
+# Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times and ratios
+# ("10:30" would come back as "10: 30") and, where sacremoses has no apostrophe rules,
+# clitics ("geht's" would come back as "geht 's", read as an opening quote).
+_MOSES_KEEP_TIMES = r"\d+:\d+"
+_MOSES_KEEP_CLITICS = r"(?<![\w'])[^\W\d_]+'(?:s|t|d|m|ll|re|ve)\b"
+_MOSES_APOSTROPHE_LANGS = ("en", "fr", "it")
 
 
 @cache
@@ -30,6 +36,13 @@ def _moses_tokenizer(lang: str):
     from sacremoses import MosesTokenizer
 
     return MosesTokenizer(lang=lang)
+
+
+@cache
+def _moses_protected(lang: str) -> tuple[str, ...]:
+    if lang in _MOSES_APOSTROPHE_LANGS:
+        return (_MOSES_KEEP_TIMES,)
+    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS)
 
 
 @cache
@@ -120,8 +133,8 @@ class TextPipeline:
             return line
         if self.pretok == "moses":
             return _moses_tokenizer(self.lang).tokenize(
-                line, escape=False, aggressive_dash_splits=False, return_str=True
-            )
+                line, escape=False, aggressive_dash_splits=False, return_str=True,
+                protected_patterns=list(_moses_protected(self.lang)))
         if self.pretok == "jieba":
             return " ".join(t for t in _jieba().lcut(line) if t.strip())
         return " ".join(SPACE_MARK if c == " " else c for c in line)  # char
