@@ -136,6 +136,25 @@ def test_a_bleu_tokenizer_that_cannot_load_is_one_line(monkeypatch) -> None:
         corpus_scores(["a"], ["a"], ("bleu",), "ja-mecab")
 
 
+def test_a_multi_line_library_message_is_one_line(monkeypatch) -> None:
+    def broken(**_):
+        raise RuntimeError("Japanese tokenization requires extra dependencies.\n\n"
+                           "  pip install sacrebleu[ja]\n")
+
+    monkeypatch.setattr("xinda.evaluate.metrics.BLEU", broken)
+    with pytest.raises(XindaError) as err:
+        corpus_scores(["a"], ["a"], metrics=("bleu",), tokenize="ja-mecab")
+    assert "\n" not in str(err.value) and str(err.value).endswith("pip install sacrebleu[ja]")
+
+
+def test_chinese_ter_counts_characters_with_the_zh_tokenizer() -> None:
+    hyps, refs = ["我爱北京天安门", "今天天气很好"], ["我爱北京的天安门", "今天天气非常好"]
+    ter = corpus_scores(hyps, refs, metrics=("ter",), tokenize="zh")[0]
+    # 1 insertion (的) + 1 substitution (很 -> 非) + 1 insertion (常) over 15 reference chars
+    assert ter.score == pytest.approx(100 * 3 / 15)
+    assert corpus_scores(hyps, refs, metrics=("ter",))[0].score == 100.0  # whole sentences
+
+
 def test_rouge_hand_computed_with_stemming_and_two_references() -> None:
     """ROUGE-1 F1, mean over sentences of the mean over references: 'cats' stems to 'cat'.
     Sentence 1: 5/6 vs ref 1, F(1/6, 1/2) = 1/4 vs ref 2; sentence 2: F(1, 1/2) = 2/3 and 0."""

@@ -53,6 +53,17 @@ def test_scores_the_validation_translations_with_sacrebleu(cfg):
     assert score == corpus_scores(hyps, refs, metrics=("bleu",))[0].score
 
 
+@pytest.mark.parametrize("decode", [{"sampling": True, "temperature": 5.0}, {"nbest": 4},
+                                    {"precision": "int8"}])
+def test_validation_decodes_by_beam_search_in_full_precision_whatever_decode_says(cfg, decode):
+    torch.manual_seed(0)
+    vocabs = load_vocabularies(cfg.data.out_dir)
+    model = build_model(cfg.model, vocabs.info)
+    plain = validation_bleu(cfg)(model)
+    other = cfg.model_copy(update={"decode": cfg.decode.model_copy(update=decode)})
+    assert validation_bleu(other)(model) == plain  # before: sampled, or beam 4, or int8
+
+
 def test_none_when_no_validation_bleu_is_asked_for(cfg):
     for off in ({"valid_bleu": False}, {"run_validation": False}):
         assert validation_bleu(cfg.model_copy(update={"train": cfg.train.model_copy(

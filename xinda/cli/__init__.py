@@ -273,8 +273,9 @@ def main() -> None:
             print(f"xinda: error: {' '.join(err.format_message().split())} (see "
                   f"{ctx.command_path if ctx else 'xinda'} --help)", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 2))
-    except XindaError as err:
-        print(f"xinda: error: {err}", file=sys.stderr)
+    except XindaError as err:  # a library's multi-line message joined onto one line
+        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"xinda: error: {message}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("xinda: interrupted", file=sys.stderr)

@@ -101,6 +101,8 @@ def translate(
     prefixes = _read_prefixes(prefix, len(lines))
     check_device(device)
     translator = Translator.load(model_dir, checkpoint, device=device, ensemble=ensemble or ())
+    if attention_plot is not None and not translator.model.has_attention:
+        raise XindaError("--attention-plot needs an attention model; this one has none")
     constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
                                              no_repeat_ngram, ban_source_copy, exact_length,
                                              input_format)

@@ -56,6 +56,9 @@ def _check_lengths(hyps: Sequence[str], streams: list[list[str]]) -> None:
         raise XindaError("no hypotheses to score (empty input)")
 
 
+ASIAN_TOKENIZERS = ("zh", "ja-mecab", "ko-mecab")  # their TER segments CJK text too
+
+
 def _make_bleu(tokenize: str | None) -> BLEU:
     if tokenize is None:
         return BLEU()
@@ -67,7 +70,7 @@ def _make_bleu(tokenize: str | None) -> BLEU:
         ) from None
     except (ImportError, RuntimeError, OSError) as err:  # mecab extras, flores/spm downloads
         raise XindaError(f"BLEU tokenizer {tokenize!r} is not usable here: "
-                         f"{type(err).__name__}: {err}") from None
+                         f"{type(err).__name__}: {' '.join(str(err).split())}") from None
 
 
 def _make_metric(name: str, tokenize: str | None) -> Metric:
@@ -78,8 +81,9 @@ def _make_metric(name: str, tokenize: str | None) -> Metric:
         return CHRF()
     if key == "chrf++":
         return CHRF(word_order=2)
-    if key == "ter":
-        return TER()
+    if key == "ter":  # sacreBLEU's TER splits CJK characters only with its normaliser
+        asian = tokenize in ASIAN_TOKENIZERS
+        return TER(normalized=asian, asian_support=asian)
     raise XindaError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}")
 
 
@@ -91,8 +95,8 @@ def corpus_scores(
 ) -> list[Score]:
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
-    ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None = sacreBLEU's default) and
-    to ROUGE ("zh" or "char": characters; None: characters for mostly CJK references; else
+    ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None = sacreBLEU's default), to
+    TER as its Asian-language support for "zh", "ja-mecab" and "ko-mecab", and to ROUGE ("zh" or "char": characters; None: characters for mostly CJK references; else
     rouge-score's English words). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
     """
     streams = _ref_streams(refs)

@@ -36,7 +36,9 @@ def validation_bleu(cfg: ExperimentConfig, data_dir: str | Path | None = None) -
     tokenize = bleu_tokenizer(manifest["tgt_lang"])
 
     def score(model: Seq2SeqModel) -> float:
-        hyps = Translator(model, cfg, vocabs).translate_text(sources, beam=tc.valid_beam)
+        # beam search in full precision, whatever decode.sampling / nbest / precision say
+        hyps = Translator(model, cfg, vocabs).translate_text(
+            sources, beam=tc.valid_beam, nbest=1, sampling=False, precision="fp32")
         return corpus_scores(hyps, refs, metrics=("bleu",), tokenize=tokenize)[0].score
 
     return score
