@@ -124,7 +124,7 @@ class DecodeConfig(Strict):
     beam: int = Field(5, ge=1, le=MAX_ROWS)
     alpha: float = Field(1.0, ge=0)  # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none
     coverage: float = Field(0.0, ge=0)  # GNMT coverage penalty weight beta; 0 = none
-    max_len_a: float = Field(1.5, ge=0)  # max output length = a * src_len + b
+    max_len_a: float = Field(1.5, ge=0)  # max output tokens = a * src_len + b, both with EOS
     max_len_b: int = Field(10, ge=-MAX_LENGTH, le=MAX_LENGTH)
     batch_size: int = Field(64, ge=1)  # sentences per batch (sorted by length)
     max_input_len: int = Field(250, ge=1)  # longer inputs are truncated with a warning

@@ -312,3 +312,16 @@ def test_rows_are_masked_together_as_one_by_one():
         for row, (tokens, s) in enumerate(batch):
             alone = rule.apply(length, tensor([[2, *tokens]]), tensor([s]), zeros(1, 30))
             assert together[row].tolist() == alone[0].tolist(), (tokens, s)
+
+
+def test_a_model_whose_targets_are_not_characters_is_refused(model_dir):
+    """Before: the rules counted pieces as characters; a pretok 'none' model wrote second
+    lines of the wrong length, with spaces and ⁇ in them, and no error."""
+    from dataclasses import replace
+
+    words = Translator.load(model_dir)
+    words.tgt_text = replace(words.tgt_text, pretok="none")
+    with pytest.raises(XindaError, match="single characters .* pretok_tgt 'none'"):
+        write_couplets(words, ["春风得意"])
+    with pytest.raises(XindaError, match="single characters"):
+        write_poems(words, [PoemPrompt(keywords=("春",))])

@@ -161,6 +161,18 @@ def test_ban_source_copy_bans_every_source_token_past_the_configs_cut(translator
     assert set(ban.tokens[0]) == set(tr.source_ids(line, False)) - {tr.tgt_vocab.unk}
 
 
+def test_a_prefix_the_target_vocabulary_cannot_write_is_refused(translator):
+    """Before: its characters were forced as <unk> and the output began with ⁇⁇."""
+    tr = translator(TRANSFORMER)
+    with pytest.raises(XindaError, match="^prefix 2: '凤 龙' not in the target vocabulary"):
+        tr.constraints_for(["a", "b"], prefixes=["house", "凤 house 龙"])
+    with pytest.raises(XindaError, match="^prefix 1: 'foo' not in the target vocabulary"):
+        tr.constraints_for(["a"], prefixes=["▁house foo"], input_format="pieces")
+    unk_piece = tr.tgt_vocab.ids_to_pieces([tr.tgt_vocab.unk])[0]
+    [prefix] = tr.constraints_for(["a"], prefixes=[unk_piece], input_format="pieces")
+    assert prefix.prefixes == [[tr.tgt_vocab.unk]]  # asked for by name
+
+
 def test_unk_itself_can_be_banned(translator):
     """Before: '<unk>' was refused as 'not one target piece'."""
     tr = translator(TRANSFORMER)

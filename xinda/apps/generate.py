@@ -57,12 +57,22 @@ def _visible(line: str) -> str:
                    if c != " " and unicodedata.category(c) != "Cf")
 
 
+def _check_characters(translator: Translator) -> None:
+    """The rules count output tokens as characters: the model's targets must have been
+    pre-tokenised into characters."""
+    pretok = translator.tgt_text.pretok
+    if pretok != "char":
+        raise XindaError(f"couplets and poems need a model whose targets are single characters "
+                         f"(data.pretok_tgt: char); this one has pretok_tgt {pretok!r}")
+
+
 def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
                    no_copy: bool = False, tone: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best second lines of each first line (``CoupletRules``); punctuation of
     the first line is copied to the same positions. ``options``: decode settings (beam, ...).
     Whitespace, control and format characters are not part of a first line (``_visible``); a
     first line of nothing else is a XindaError."""
+    _check_characters(translator)
     lines = [_visible(up) for up in ups]
     for i, line in enumerate(lines, start=1):
         if not line:
@@ -94,6 +104,7 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
                 rhyme: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best poems of each prompt (``PoemRules``): 4 lines, or one per acrostic
     character, of exactly ``form`` characters, punctuated as ``template`` says."""
+    _check_characters(translator)
     table = CharacterTable.of(translator.tgt_vocab)
     sources, layouts, lengths, heads = [], [], [], []
     for i, prompt in enumerate(prompts, start=1):

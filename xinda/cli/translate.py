@@ -58,7 +58,8 @@ def translate(
                      ] = None,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
     max_len_a: Annotated[float | None, typer.Option(
-        help="output length limit a * source tokens + b: a")] = None,
+        help="output length limit a * source tokens + b (both counting the end token): a"
+    )] = None,
     max_len_b: Annotated[int | None, typer.Option(help="... and b")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="weights file to load")] = None,
     ensemble: Annotated[list[Path] | None, typer.Option(

@@ -230,8 +230,8 @@ class Translator:
         if prefixes is not None:
             if len(prefixes) != len(lines):
                 raise XindaError(f"{len(prefixes)} target prefixes for {len(lines)} lines")
-            out.append(TargetPrefix([self.encode_target(p, input_format == "pieces")
-                                     for p in prefixes]))
+            out.append(TargetPrefix([self._prefix_ids(i, p, input_format == "pieces")
+                                     for i, p in enumerate(prefixes, start=1)]))
         if words := [w.strip() for w in ban if w.strip()]:
             out.append(BanTokens([i for word in words for i in self.target_tokens(word)]))
         if no_repeat_ngram:
@@ -250,6 +250,20 @@ class Translator:
                                  "table)")
             out.append(ExactLength([exact_length] * len(lines)))
         return out
+
+    def _prefix_ids(self, number: int, prefix: str, pieces_in: bool) -> list[int]:
+        """A target prefix's ids; one the target vocabulary cannot write (it would force
+        ``<unk>`` where it was not asked for by name) is a XindaError naming what it lacks."""
+        ids, unk = self.encode_target(prefix, pieces_in), self.tgt_vocab.unk
+        if unk not in ids:
+            return ids
+        named = self.tgt_vocab.ids_to_pieces([unk])[0]
+        parts = prefix.split() if pieces_in else list(dict.fromkeys(prefix.replace(" ", "")))
+        unknown = [p for p in parts if p != named and unk in self.encode_target(p, pieces_in)]
+        if unknown:
+            raise XindaError(f"prefix {number}: {' '.join(unknown)!r} not in the target "
+                             "vocabulary (the output would start with <unk>)")
+        return ids
 
     def encode_target(self, line: str, pieces_in: bool = False) -> list[int]:
         """Target-side text (or pieces) -> target ids, without BOS/EOS."""
