@@ -236,6 +236,12 @@ def test_wrong_task_and_bad_prompts(client):
     assert_error(post(client, "/v1/couplet", model="couplet", text=["山水", " "]), 422,
                  "invalid_request", "text[1]")
     assert_error(post(client, "/v1/poem", model="poetry"), 422, "invalid_request", "keywords")
+    # before: a ZWJ first line passed here and failed its whole batch in the worker; invisible
+    # keywords wrote a poem about nothing
+    assert_error(post(client, "/v1/couplet", model="couplet", text=["山水", "\u200d"]), 422,
+                 "invalid_request", "text[1]", "invisible")
+    assert_error(post(client, "/v1/poem", model="poetry", keywords=["\u200b", "\u2060"]), 422,
+                 "invalid_request", "keywords")
     assert_error(post(client, "/v1/poem", model="poetry", keywords="春", form=6), 422,
                  "invalid_request", "form")
     assert_error(post(client, "/v1/poem", model="poetry", acrostic="龘"), 422,
@@ -268,6 +274,26 @@ def test_work_is_limited(make_client):
                      "23", "beam")
         assert_error(client.post("/v1/translate", json={**sampled, "samples": 6}), 422,
                      "too_much_work", "24")
+
+
+def test_attention_weights_are_limited(make_client, served_models):
+    """Before: only decoder steps were bounded, and one request with attention at n_best 32
+    and a long exact length answered 57 MB of JSON built on the event loop."""
+    translator = served_models["numbers"].translator
+    sources = sum(len(translator.source_ids(t, False)) + 1 for t in ("one", "two"))
+    size = 2 * 4 * sources  # n_best x (3 tokens + EOS) x (source tokens + EOS), per text
+    body = {"text": ["one", "two"], "beam": 2, "n_best": 2, "attention": True,
+            "constraints": {"exact_length": 3}}
+    with make_client(max_attention=size) as client:
+        response = client.post("/v1/translate", json=body)
+        assert response.status_code == 200, response.text
+        rows = [h["attention"] for t in response.json()["translations"] for h in t["nbest"]]
+        assert sum(len(r) * len(r[0]) for r in rows) == size  # the bound is reached exactly
+    with make_client(start=False, max_attention=size - 1, timeout_s=2) as client:
+        assert_error(client.post("/v1/translate", json=body), 422, "too_much_work",
+                     f"{size:,} attention weights", "n_best")
+        body["attention"] = False  # then no weights are sent: nothing to bound
+        assert client.post("/v1/translate", json=body).status_code == 408  # queued, not refused
 
 
 def test_the_default_work_limit(client):

@@ -308,18 +308,20 @@ def test_page_shows_api_errors(driver, server):
     assert not _js_errors(driver)
 
 
-def test_page_asks_for_the_api_key(driver, served_model_dir, tmp_path):
-    """A server with --api-key: the page says the key is missing, takes it, then works."""
+@pytest.mark.parametrize("secret", ["s3cret-key", "密钥-clé"])
+def test_page_asks_for_the_api_key(driver, served_model_dir, tmp_path, secret):
+    """A server with --api-key: the page says the key is missing, takes it, then works.
+    Before, a non-ASCII key was a 401 (Latin-1) or "cannot reach the server" (a TypeError)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    with _serving(served_model_dir, tmp_path, "--api-key", "s3cret-key") as base:
+    with _serving(served_model_dir, tmp_path, "--api-key", secret) as base:
         driver.get(base)
         wait = WebDriverWait(driver, WAIT_S)
         error = driver.find_element("id", "error")
         wait.until(lambda d: error.is_displayed() and "unauthorized" in error.text)
         key = driver.find_element("id", "api-key")
         assert key.is_displayed()
-        key.send_keys("s3cret-key")
+        key.send_keys(secret)
         driver.find_element("id", "api-key-go").click()
         wait.until(lambda d: d.find_elements("css selector", "#model option"))
         assert not error.is_displayed(), error.text

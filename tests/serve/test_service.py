@@ -100,6 +100,14 @@ def test_a_non_ascii_api_key_matches_its_utf8_bytes(make_client):
         assert client.get("/v1/models", headers={"X-API-Key": b"secret"}).status_code == 401
 
 
+@pytest.mark.parametrize("key", ["", " s3cret", "s3cret\t", "s3\ncret"])
+def test_an_api_key_a_header_cannot_carry_is_refused(key):
+    """Before: accepted, and every request was a 401 (HTTP strips the blanks around a header
+    value)."""
+    with pytest.raises(ValueError, match="API key must be printable"):
+        ServeSettings(api_key=key)
+
+
 def test_cors_is_off_unless_configured(make_client):
     origin = {"Origin": "http://example.test"}
     with make_client() as client:

@@ -50,7 +50,7 @@ def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[l
             for nbest, line_texts in zip(results, texts)]
 
 
-def _visible(line: str) -> str:
+def first_line_characters(line: str) -> str:
     """``line`` without whitespace, control characters and invisible format characters
     (a BOM, zero-width spaces): what takes a position in a couplet."""
     return "".join(c for c in visible_text(line)
@@ -70,10 +70,10 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
                    no_copy: bool = False, tone: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best second lines of each first line (``CoupletRules``); punctuation of
     the first line is copied to the same positions. ``options``: decode settings (beam, ...).
-    Whitespace, control and format characters are not part of a first line (``_visible``); a
+    Whitespace, control and format characters are not part of a first line (``first_line_characters``); a
     first line of nothing else is a XindaError."""
     _check_characters(translator)
-    lines = [_visible(up) for up in ups]
+    lines = [first_line_characters(up) for up in ups]
     for i, line in enumerate(lines, start=1):
         if not line:
             raise XindaError(f"first line {i} is empty (or control characters only): a couplet "

@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 
 from xinda import __version__
-from xinda.apps.generate import PoemPrompt
+from xinda.apps.generate import PoemPrompt, first_line_characters
 from xinda.decode.translator import SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
@@ -125,6 +125,14 @@ class Service:
                            f"steps (texts x beam or samples x output length limit), over the "
                            f"limit of {limit:,}: send fewer or shorter texts, or lower beam, "
                            "samples, n_best or exact_length")
+        if kind == "translate":
+            size, limit = (tasks.attention_size(model.translator, options, inputs),
+                           self.settings.max_attention)
+            if size > limit:
+                raise ApiError(422, "too_much_work", f"the response may carry {size:,} "
+                               "attention weights (outputs x output length limit x source "
+                               f"tokens), over the limit of {limit:,}: ask for attention with "
+                               "fewer or shorter texts, or lower n_best, samples or exact_length")
 
     async def run(self, model: ServedModel, kind: str, options: dict, inputs: Sequence[Any],
                   alone: bool = False) -> list:
@@ -199,10 +207,10 @@ def routes(svc: Service) -> APIRouter:
         """Second lines (下联) for first lines (上联), with a couplet model."""
         check_unicode(req)
         model, texts = svc.model(req.model, "couplet"), svc.texts(req.text)
-        for i, text in enumerate(texts):
-            if not text.split():
-                raise ApiError(422, "invalid_request", f"text[{i}]: empty: a couplet needs a "
-                               "first line")
+        for i, text in enumerate(texts):  # what write_couplets takes for the first line
+            if not first_line_characters(text):
+                raise ApiError(422, "invalid_request", f"text[{i}]: empty (or invisible "
+                               "characters only): a couplet needs a first line")
         options = {"nbest": req.n_best, "no_copy": req.no_copy, "tone": req.tone}
         results = await svc.run(model, "couplet", given(options), texts)
         return JSONResponse({"model": model.name, "couplets": [

@@ -51,6 +51,9 @@ def serve(
     max_work: Annotated[int, typer.Option(
         help="decoder steps per request: texts x beam (or samples) x output length limit")
         ] = _serve_default("max_work"),
+    max_attention: Annotated[int, typer.Option(
+        help="attention weights per response that asks for them: outputs x output length "
+             "limit x source tokens")] = _serve_default("max_attention"),
     device: Annotated[str, typer.Option(help="cpu | cuda | ...")] = "cpu",
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
     precision: Annotated[str | None, typer.Option(
@@ -69,7 +72,7 @@ def serve(
             max_batch_requests=1 if no_batching else max_batch_requests,
             batch_tokens=batch_tokens, max_wait_ms=max_wait_ms, queue_size=queue_size,
             timeout_s=timeout, max_texts=max_texts, max_chars=max_chars,
-            max_body_bytes=max_body_bytes, max_work=max_work)
+            max_body_bytes=max_body_bytes, max_work=max_work, max_attention=max_attention)
     except ValidationError as err:
         raise XindaError(format_validation_error(err, "xinda serve")) from None
     set_threads(threads)

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from xinda.utils import visible_text
+
 MAX_BEAM = 32  # beam, n_best and samples
 MAX_BAN = 256  # banned words per request
 MAX_WORD = 100  # characters per banned word
@@ -80,7 +82,7 @@ class PoemRequest(Strict):
     def keyword_list(self) -> tuple[str, ...]:
         words = self.keywords.replace(",", " ").split() if isinstance(self.keywords, str) \
             else [w.strip() for w in self.keywords]
-        return tuple(w for w in words if w)
+        return tuple(w for w in words if visible_text(w))  # invisible ones are no keyword
 
 
 class Hypothesis(BaseModel):

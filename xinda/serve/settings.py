@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -32,6 +32,18 @@ class ServeSettings(BaseModel):
     # decoder row-steps per request (sum over its texts of beam or samples x output length
     # limit); beyond: 422. 64 texts of 50 tokens at beam 5 take ~28,000
     max_work: int = Field(250_000, ge=1)
+    # attention weights in a response that asks for them (outputs x output length limit x
+    # source tokens, per text); beyond: 422. ~7 bytes of JSON each
+    max_attention: int = Field(1_000_000, ge=1)
+
+    @field_validator("api_key")
+    @classmethod
+    def _presentable_key(cls, key: str | None) -> str | None:
+        """HTTP drops the blanks around a header value: such a key could never match."""
+        if key is not None and (not key or key != key.strip() or not key.isprintable()):
+            raise ValueError("the API key must be printable characters without surrounding "
+                             "blanks (a header cannot carry them)")
+        return key
 
     @model_validator(mode="after")
     def _wait_below_timeout(self) -> ServeSettings:

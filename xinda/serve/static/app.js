@@ -53,7 +53,8 @@
     const timer = setTimeout(() => controller.abort(), REQUEST_TIMEOUT_MS);
     const init = { headers: { Accept: "application/json" }, signal: controller.signal };
     const key = apiKey();
-    if (key) init.headers["X-API-Key"] = key;
+    // a header carries bytes: send the key's UTF-8 bytes, as the server compares them
+    if (key) init.headers["X-API-Key"] = String.fromCharCode(...new TextEncoder().encode(key));
     if (body !== undefined) {
       init.method = "POST";
       init.headers["Content-Type"] = "application/json; charset=utf-8";
