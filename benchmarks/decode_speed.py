@@ -107,9 +107,13 @@ def latency_ms(decode: Decode, sources: list[list[str]], beam: int) -> float:
 
 def measure(found: dict[str, Decode], sources: list[list[str]], refs: list[str],
             detok: Callable[[list[str]], str], repeats: int, latency: int) -> list[dict]:
-    """Interleaved repeats of every system; medians."""
+    """Interleaved repeats of every system; medians. Each system first decodes a few
+    sentences untimed: one-off set-up (int8 quantisation, CTranslate2's first call) is not
+    part of the first timed repeat."""
     runs: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[str, int], list[list[str]]] = {}
+    for decode in found.values():
+        decode(sources[:BATCH], BEAM, BATCH)
     for _ in range(repeats):
         for name, decode in found.items():
             for beam in (BEAM, 1):

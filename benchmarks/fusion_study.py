@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import hashlib
 import json
 import shutil
 import statistics
@@ -215,21 +216,32 @@ def localised(text: str, work: Path) -> str:
 
 def kept_files(keep: Path, pair: str, system: str, seed: int,
                args: argparse.Namespace) -> tuple[Path, Path]:
-    """Where a finished run's result and test translations are kept: (json, hyp)."""
-    stem = keep / f"{pair}-{args.size}-{args.updates}" / f"{system}-seed{seed}"
+    """Where a finished run's result and test translations are kept: (json, hyp). Another
+    gate or ``--set`` overrides name their own folder (the paper's recipe has none)."""
+    study = f"{pair}-{args.size}-{args.updates}"
+    if args.gate != "elementwise":
+        study += f"-gate-{args.gate}"
+    if args.overrides:
+        study += "-set-" + hashlib.sha1("\n".join(args.overrides).encode()).hexdigest()[:8]
+    stem = keep / study / f"{system}-seed{seed}"
     return stem.parent / f"{stem.name}.json", stem.parent / f"{stem.name}.hyp"
 
 
-def restore_kept(run_dir: Path, kept: tuple[Path, Path], hyp_name: str, work: Path) -> bool:
-    """Put a kept run into ``run_dir`` unless that holds a finished run already; whether it did."""
+def restore_kept(run_dir: Path, kept: tuple[Path, Path], hyp_name: str, work: Path,
+                 cfg: dict) -> bool:
+    """Put a kept run of recipe ``cfg`` into ``run_dir`` unless that holds a finished run
+    already; whether it did."""
     kept_json, kept_hyp = kept
     if (run_dir / "result.json").exists() or not kept_json.exists():
         return False
     text = localised(kept_json.read_text(), work)
     try:
-        json.loads(text)
+        kept_cfg = json.loads(text).get("config")
     except json.JSONDecodeError as e:
         raise SystemExit(f"{kept_json}: not a kept run's result ({e}); fix or delete it") from e
+    if not same_recipe(kept_cfg, cfg):
+        print(f"{kept_json}: kept with another recipe, not used", flush=True)
+        return False
     run_dir.mkdir(parents=True, exist_ok=True)
     if kept_hyp.exists():
         shutil.copyfile(kept_hyp, run_dir / hyp_name)
@@ -259,12 +271,15 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
         run_dir, label = pair_dir / system / f"seed{seed}", f"[{pair}] {system} seed {seed}"
         cfg = run_config(pair, run_dir, pair_dir, SYSTEMS[system], seed, args)
         kept = kept_files(args.keep, pair, system, seed, args)
-        if restore_kept(run_dir, kept, hyp_name, work):
+        if restore_kept(run_dir, kept, hyp_name, work, cfg):
             print(f"{label}: restored from {kept[0]}", flush=True)
-        if args.report_only and not (run_dir / "result.json").exists():
-            print(f"{label}: not finished, left out of the report", flush=True)
-            return None
-        result = train_and_score(pair, run_dir, cfg, args.threads, label, args.jobs)
+        if args.report_only:
+            if (result := cached_result(run_dir / "result.json", cfg, label)) is None:
+                print(f"{label}: no finished run of this recipe, left out of the report",
+                      flush=True)
+                return None
+        else:
+            result = train_and_score(pair, run_dir, cfg, args.threads, label, args.jobs)
         add_window_speed(run_dir, result)
         keep_finished(run_dir, kept, hyp_name, work)
         return result

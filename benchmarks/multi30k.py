@@ -85,13 +85,15 @@ def set_threads(threads: int, jobs: int = 1) -> None:
 
 
 def cached_result(result_path: Path, cfg: dict, label: str) -> dict | None:
-    """A finished run's result.json (warning when its config differs), or None to run it."""
+    """A finished run's result.json, or None to run it: also when the finished run had another
+    recipe (before, it was reported under this one)."""
     if not result_path.exists():
         return None
     result = json.loads(result_path.read_text())
     if not same_recipe(result.get("config"), cfg):
-        print(f"{label} warning: {result_path.parent} was run with a different config; kept "
-              "(delete the folder to redo it)", flush=True)
+        print(f"{label}: {result_path.parent} was run with a different config: run again",
+              flush=True)
+        return None
     return result
 
 

@@ -66,6 +66,14 @@ def plan(run_dir: Path, data_bin: Path, arm: str, args) -> dict:
             "grow_to": args.layers, "deep_seconds": round(args.budget - shallow_s, 1)}
 
 
+def deep_phase(deep: Path, args) -> list[str]:
+    """The command that trains the grown model on. ``train.max_seconds`` counts the whole run
+    (the grown model keeps the shallow phase's clock), so it is the total budget: the deep
+    phase gets what the shallow one left (before, the deep share alone: no update at all)."""
+    return [*XINDA, "train", str(deep / "config.yaml"), "--resume", "--set",
+            f"train.max_seconds={args.budget}"]
+
+
 def valid_curve(model_dir: Path) -> list[list[float]]:
     """[training seconds, update, validation loss] at every epoch end."""
     rows = read_log(model_dir / "log.csv")
@@ -96,9 +104,7 @@ def run_arm(work: Path, data_bin: Path, arm: str, args) -> dict:
                     run_dir / "grow.log")
         print(f"{arm}: grown to {args.layers}+3 layers, training {todo['deep_seconds']:g} s more",
               flush=True)
-        bench.timed([*XINDA, "train", str(deep / "config.yaml"), "--resume", "--set",
-                     f"train.max_seconds={todo['deep_seconds']}"], run_dir / "train.log",
-                    append=True)
+        bench.timed(deep_phase(deep, args), run_dir / "train.log", append=True)
         model = deep
 
     pair = bench.PAIRS[args.pair]

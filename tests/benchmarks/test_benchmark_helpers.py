@@ -131,7 +131,7 @@ def test_fusion_study_resumes_only_an_interrupted_run_of_the_same_config(tmp_pat
                                                                   "seed": 1}})
 
 
-def test_a_finished_run_is_reused_quietly_at_another_thread_count_and_flagged_otherwise(
+def test_a_finished_run_is_reused_at_another_thread_count_and_run_again_otherwise(
         tmp_path, capsys):
     cfg = {"train": {"max_steps": 6000, "threads": 2}, "model": {"preset": "transformer-small"}}
     result = tmp_path / "result.json"
@@ -139,9 +139,10 @@ def test_a_finished_run_is_reused_quietly_at_another_thread_count_and_flagged_ot
     assert multi30k.cached_result(result, {**cfg, "train": {"max_steps": 6000, "threads": 1}},
                                   "run")["bleu"] == 40.0
     assert capsys.readouterr().out == ""
+    # before: reused (with a warning) and reported under the other recipe
     assert multi30k.cached_result(result, {**cfg, "train": {"max_steps": 3000, "threads": 2}},
-                                  "run")["bleu"] == 40.0
-    assert "different config" in capsys.readouterr().out
+                                  "run") is None
+    assert "different config: run again" in capsys.readouterr().out
 
 
 def test_fusion_study_runs_every_system_and_seed_at_most_jobs_at_once(monkeypatch, tmp_path):
@@ -181,21 +182,27 @@ def test_fusion_study_report_only_trains_nothing_and_leaves_unfinished_runs_out(
                               report_only=True)
     pair = tmp_path / "pair"
 
-    def result(bleu):
+    def result(bleu, system, seed):
+        cfg = fusion_study.run_config("de-en", pair / system / f"seed{seed}", pair,
+                                      fusion_study.SYSTEMS[system], seed, args)
         return {"params": 10, "bleu": bleu, "tok_per_s": 100.0, "best_valid_loss": 2.5,
-                "valid_loss_change_last_fifth": -0.01, "config": {"train": {"threads": 1}},
+                "valid_loss_change_last_fifth": -0.01, "config": cfg,
                 "bleu_by_length": [{"bucket": "1-10", "sentences": 5, "bleu": bleu}]}
 
     for seed, bleu in ((1, 30.0), (2, 31.0)):
         (pair / "baseline" / f"seed{seed}").mkdir(parents=True)
-        (pair / "baseline" / f"seed{seed}" / "result.json").write_text(json.dumps(result(bleu)))
+        (pair / "baseline" / f"seed{seed}" / "result.json").write_text(
+            json.dumps(result(bleu, "baseline", seed)))
     (pair / "layer" / "seed2" / "model").mkdir(parents=True)  # interrupted: not in the report
     kept_json, _ = fusion_study.kept_files(args.keep, "de-en", "layer", 1, args)
     kept_json.parent.mkdir(parents=True)
-    kept_json.write_text(json.dumps(result(32.0)))
+    kept_json.write_text(json.dumps(result(32.0, "layer", 1)))
+    other = fusion_study.kept_files(args.keep, "de-en", "sublayer", 1, args)[0]
+    other.write_text(json.dumps({**result(33.0, "sublayer", 1), "config": {"train": {}}}))
     monkeypatch.setattr(fusion_study, "timed", lambda *a, **k: pytest.fail("trained"))
     monkeypatch.setattr(fusion_study, "paired_p", lambda *a: 0.25)
     runs = fusion_study.run_all("de-en", pair, ["baseline", "layer", "sublayer"], [1, 2], args)
+    # the kept sublayer run of another recipe is left out (before: reported as this one)
     assert {s: sorted(by) for s, by in runs.items()} == {"baseline": [1, 2], "layer": [1]}
     base, layer = fusion_study.summarise("de-en", pair, runs)
     assert (base["seeds"], base["bleu_mean"], layer["seeds"], layer["p_vs_baseline"]) == (
@@ -209,10 +216,14 @@ def test_fusion_study_report_only_trains_nothing_and_leaves_unfinished_runs_out(
 def test_fusion_study_keeps_a_finished_run_and_restores_it_on_another_machine(tmp_path):
     """A finished run's result and translations are kept with portable paths; a fresh workdir
     elsewhere gets them back with its own paths, and a finished run is never overwritten."""
-    args = argparse.Namespace(size="small", updates=6000)
+    args = argparse.Namespace(size="small", updates=6000, gate="elementwise", overrides=[])
     kept = fusion_study.kept_files(tmp_path / "kept", "de-en", "sublayer", 2, args)
     assert kept == (tmp_path / "kept/de-en-small-6000/sublayer-seed2.json",
                     tmp_path / "kept/de-en-small-6000/sublayer-seed2.hyp")
+    for other in ({"gate": "matrix"}, {"overrides": ["train.lr=1e-3"]}):  # their own folders
+        moved_args = argparse.Namespace(**{**vars(args), **other})
+        assert fusion_study.kept_files(tmp_path / "kept", "de-en", "sublayer", 2,
+                                       moved_args)[0].parent != kept[0].parent
     here, there = tmp_path / "here", tmp_path / "elsewhere"
     run = here / "de-en/small/sublayer/seed2"
     run.mkdir(parents=True)
@@ -224,25 +235,29 @@ def test_fusion_study_keeps_a_finished_run_and_restores_it_on_another_machine(tm
     assert str(here) not in kept[0].read_text() and str(multi30k.SHARED) not in kept[0].read_text()
 
     moved = there / "de-en/small/sublayer/seed2"
-    assert fusion_study.restore_kept(moved, kept, "test.hyp", there)
+    there_cfg = json.loads(fusion_study.localised(json.dumps(cfg).replace(str(here), "$WORKDIR"),
+                                                  there))
+    assert not fusion_study.restore_kept(moved, kept, "test.hyp", there, {"data": {}})
+    assert fusion_study.restore_kept(moved, kept, "test.hyp", there, there_cfg)
     restored = json.loads((moved / "result.json").read_text())
     assert restored == {"bleu": 40.1, "config": {
         "data": {"out_dir": str(there / "de-en/small/data-bin"),
                  "train_src": str(multi30k.SHARED / "multi30k/train.de")}}}
     assert (moved / "test.hyp").read_text() == "a man .\n"
     (moved / "result.json").write_text("{}")
-    assert not fusion_study.restore_kept(moved, kept, "test.hyp", there)  # finished: kept as is
+    assert not fusion_study.restore_kept(moved, kept, "test.hyp", there,
+                                         there_cfg)  # finished: kept as is
     assert (moved / "result.json").read_text() == "{}"
     assert not fusion_study.restore_kept(tmp_path / "other", (tmp_path / "none.json",
                                                               tmp_path / "none.hyp"),
-                                         "test.hyp", there)
+                                         "test.hyp", there, there_cfg)
 
 
 def test_fusion_study_stops_on_a_broken_kept_run_with_its_path(tmp_path):
     kept = (tmp_path / "baseline-seed1.json", tmp_path / "baseline-seed1.hyp")
     kept[0].write_text('{"bleu": 40.1,\n<<<<<<< HEAD')
     with pytest.raises(SystemExit, match=r"baseline-seed1.json: not a kept run's result"):
-        fusion_study.restore_kept(tmp_path / "run", kept, "test.hyp", tmp_path)
+        fusion_study.restore_kept(tmp_path / "run", kept, "test.hyp", tmp_path, {})
     assert not (tmp_path / "run").exists()
 
 
