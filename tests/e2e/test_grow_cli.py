@@ -61,6 +61,24 @@ def test_grow_writes_a_self_contained_directory(grown):
     assert torch.equal(state["rng"], old_state["rng"])
 
 
+def test_grow_keeps_every_ranks_random_numbers(grown, monkeypatch, tmp_path):
+    """Before: a multi-rank (or GPU) run's per-rank generators were dropped, so ranks > 0 and
+    the CUDA generator were reseeded on --resume."""
+    import xinda.checkpoint as ckpt
+
+    shallow, _, _ = grown
+    ranks = {"world_size": 2, "rng": [{"cpu": torch.get_rng_state()},
+                                      {"cpu": torch.randint(0, 255, (16,), dtype=torch.uint8)}]}
+    original = ckpt.load_state
+    monkeypatch.setattr(ckpt, "load_state", lambda path: {**original(path), "ranks": ranks})
+    grow_model_dir(shallow, 2, tmp_path / "deep")
+    [checkpoint] = list_checkpoints(tmp_path / "deep")
+    saved = load_state(checkpoint)["ranks"]
+    assert saved["world_size"] == 2
+    for got, want in zip(saved["rng"], ranks["rng"]):
+        assert torch.equal(got["cpu"], want["cpu"])
+
+
 def test_resume_continues_with_the_lr_at_its_peak(grown, xinda):
     from xinda.decode.translator import Translator
 

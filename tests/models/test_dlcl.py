@@ -114,6 +114,10 @@ def test_dense_every_beyond_depth_equals_plain_transformer(norm, tiny_transforme
     src, prev = tiny_batch()
     for a, b in zip(outputs(plain, src, prev), outputs(dense, src, prev)):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # every trainable weight gets a gradient (DDP waits for each one): before, the unused W
+    # stopped a torchrun job at its second update
+    dense.decode(prev, dense.encode(src))[0].sum().backward()
+    assert not [n for n, p in dense.named_parameters() if p.requires_grad and p.grad is None]
 
 
 def test_dlcl_init_last_puts_all_weight_on_the_newest_output():

@@ -77,6 +77,13 @@ def test_incremental_decoding_matches_teacher_forcing(name, tiny_transformer, ti
     ({"fusion": "layer", "fusion_side": "none"}, "needs fusion_side"),
     ({"layer_dropout": 0.2, "layer_dropout_side": "none"}, "needs layer_dropout_side"),
     ({"dense_every": 0}, "dense_every"),
+    # before: each built the plain Transformer without a word
+    ({"dense_every": 2}, "dense_every: 2 applies only with dense on"),
+    ({"dense_init": "last"}, "dense_init: last applies only with dense on"),
+    ({"fusion_gate": "scalar", "fusion_function": "linear"},
+     "fusion_function: linear, fusion_gate: scalar applies only with fusion on"),
+    ({"fusion_side": "decoder"}, "fusion_side: decoder applies only with fusion on"),
+    ({"layer_dropout_side": "encoder"}, "layer_dropout_side: encoder applies only with"),
 ])
 def test_invalid_option_combinations_raise(fields, message, tiny_spec):
     with pytest.raises(XindaError, match=message):

@@ -97,7 +97,8 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
         if (out / "log.csv").is_file():
             CsvLog(out / "log.csv").truncate_after(progress.step)
         new_state = {"optimizer": None, "scaler": torch.amp.GradScaler("cpu").state_dict(),
-                     "rng": state["rng"], "progress": asdict(progress)}
+                     "rng": state["rng"], "progress": asdict(progress),
+                     **({"ranks": state["ranks"]} if "ranks" in state else {})}  # per-rank RNG
         ckpt.save_checkpoint(out, progress.step, new, new_state, cfg.train.keep_last)
     log.info("grew the encoder %d -> %d layers at update %d (%s -> %s parameters)",
              old_cfg.encoder_layers, layers, progress.step, f"{old.num_parameters():,}",

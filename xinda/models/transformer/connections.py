@@ -68,7 +68,8 @@ class DenseConnection(nn.Module):
         super().__init__()
         self.every, self.pre_norm = every, pre_norm
         points = layers // every  # aggregation points K
-        self.weights = nn.Parameter(dlcl_init(points + 1, init))
+        # without an aggregation point W is never read: no gradient (DDP would wait for one)
+        self.weights = nn.Parameter(dlcl_init(points + 1, init), requires_grad=points > 0)
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(points))
 
     def forward(self, x: Tensor, units: Sequence[Unit]) -> Tensor:

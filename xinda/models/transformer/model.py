@@ -87,6 +87,16 @@ class TransformerConfig(ModelConfig):
         if self.d_model % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model}): "
                              "each head attends over d_model / heads dimensions")
+        for option, active, details in (
+                ("dense", self.dense != "none", ("dense_every", "dense_init")),
+                ("fusion", self.fusion != "none", ("fusion_function", "fusion_gate", "fusion_side")),
+                ("layer_dropout", self.layer_dropout > 0, ("layer_dropout_side",))):
+            unused = [f"{d}: {getattr(self, d)}" for d in details if not active
+                      and getattr(self, d) not in (type(self).model_fields[d].default, "none")]
+            if unused:
+                raise ValueError(f"{', '.join(unused)} applies only with {option} on "
+                                 f"({option} is {getattr(self, option)!r}): set {option} too, "
+                                 "or leave these out")
         if self.dense != "none" and self.fusion != "none":
             raise ValueError("dense (DLCL) and fusion both rewire the layer inputs: pick one")
         if self.fusion != "none" and self.fusion_side == "none":
