@@ -7,7 +7,8 @@
 #   recipes/progressive.sh [CONFIG] [BUDGET] [H]
 #     CONFIG  experiment YAML (default recipes/demo-numbers.yaml: its number-words -> digits
 #             data is generated into xinda-demo/raw when missing)
-#     BUDGET  per phase: "60s" = 60 seconds of training, "500" = 500 updates (default 60s)
+#     BUDGET  per phase: "60s" = 60 seconds of training, "500" = 500 updates (default 60s);
+#             phase N trains until the run has used N budgets
 #     H       encoder layers of the first phase (default: the config's model)
 #
 # Prepares the data when its manifest is missing. Model directories: OUT-{H}l, OUT-{2H}l and
@@ -33,9 +34,17 @@ EOF
 H=${3:-$(get layers)}
 OUT=$(get out)
 case $BUDGET in
-  *s) LIMIT=(--set "train.max_seconds=${BUDGET%s}" --set train.max_steps=0); PER=0 ;;
-  *)  LIMIT=(--set train.max_seconds=0); PER=$BUDGET ;;
+  *s) SECONDS_PER=${BUDGET%s}; PER=0 ;;
+  *)  SECONDS_PER=0; PER=$BUDGET ;;
 esac
+case $SECONDS_PER$PER in
+  *[!0-9]*) echo "progressive.sh: BUDGET must be a whole number of updates or seconds (60s), got $BUDGET" >&2; exit 2 ;;
+esac
+# the limits of phase N: max_steps and max_seconds count the whole run across resumes (xinda
+# grow keeps the run's clock), so phase N ends at N budgets
+limits() {
+  LIMIT=(--set "train.max_seconds=$(($1 * SECONDS_PER))" --set "train.max_steps=$(($1 * PER))")
+}
 
 if [ "$CONFIG" = recipes/demo-numbers.yaml ] && [ ! -f "$(get raw)" ]; then
   echo "== generating the demo corpus into xinda-demo/raw"
@@ -55,10 +64,8 @@ EOF
 
 DIR=$OUT-${H}l
 echo "== phase 1: $H encoder layers -> $DIR"
-steps=()
-[ "$PER" = 0 ] || steps=(--set "train.max_steps=$PER")
-xinda train "$CONFIG" --set "model.encoder_layers=$H" --set "train.out_dir=$DIR" \
-  "${LIMIT[@]}" "${steps[@]}"
+limits 1
+xinda train "$CONFIG" --set "model.encoder_layers=$H" --set "train.out_dir=$DIR" "${LIMIT[@]}"
 SUMMARY="phase 1 ($H layers): valid loss $(last_valid_loss "$DIR")"
 
 for phase in 2 3; do
@@ -66,8 +73,8 @@ for phase in 2 3; do
   NEXT=$OUT-${layers}l
   echo "== phase $phase: grow to $layers encoder layers -> $NEXT"
   xinda grow "$DIR" --to "$layers" --output "$NEXT"
-  [ "$PER" = 0 ] || steps=(--set "train.max_steps=$((phase * PER))")
-  xinda train "$NEXT/config.yaml" --resume "${LIMIT[@]}" "${steps[@]}"
+  limits "$phase"
+  xinda train "$NEXT/config.yaml" --resume "${LIMIT[@]}"
   SUMMARY+=$'\n'"phase $phase ($layers layers): valid loss $(last_valid_loss "$NEXT")"
   DIR=$NEXT
 done
