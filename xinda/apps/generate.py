@@ -70,7 +70,8 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
                    no_copy: bool = False, tone: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best second lines of each first line (``CoupletRules``); punctuation of
     the first line is copied to the same positions. ``options``: decode settings (beam, ...).
-    Whitespace, control and format characters are not part of a first line (``first_line_characters``); a
+    Whitespace, control and format characters are not part of a first line
+    (``first_line_characters``); a
     first line of nothing else is a XindaError."""
     _check_characters(translator)
     lines = [first_line_characters(up) for up in ups]

@@ -96,7 +96,8 @@ def corpus_scores(
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
     ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None = sacreBLEU's default), to
-    TER as its Asian-language support for "zh", "ja-mecab" and "ko-mecab", and to ROUGE ("zh" or "char": characters; None: characters for mostly CJK references; else
+    TER as its Asian-language support for "zh", "ja-mecab" and "ko-mecab", and to ROUGE
+    ("zh" or "char": characters; None: characters for mostly CJK references; else
     rouge-score's English words). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
     """
     streams = _ref_streams(refs)

@@ -89,7 +89,8 @@ class TransformerConfig(ModelConfig):
                              "each head attends over d_model / heads dimensions")
         for option, active, details in (
                 ("dense", self.dense != "none", ("dense_every", "dense_init")),
-                ("fusion", self.fusion != "none", ("fusion_function", "fusion_gate", "fusion_side")),
+                ("fusion", self.fusion != "none",
+                 ("fusion_function", "fusion_gate", "fusion_side")),
                 ("layer_dropout", self.layer_dropout > 0, ("layer_dropout_side",))):
             unused = [f"{d}: {getattr(self, d)}" for d in details if not active
                       and getattr(self, d) not in (type(self).model_fields[d].default, "none")]
