@@ -118,21 +118,24 @@ class Service:
 
     def check_work(self, model: ServedModel, kind: str, options: dict,
                    inputs: Sequence[Any]) -> None:
-        """Refuse a job that may take more decoder row-steps than ``max_work``."""
-        amount, limit = tasks.work(model.translator, kind, options, inputs), self.settings.max_work
+        """Refuse a job that may take more decoder row-steps than ``max_work``, or whose
+        response may carry more attention weights than ``max_attention``."""
+        attention = 0
+        if kind == "translate":  # one pass over the lines for both measures
+            amount, attention = tasks.translate_measures(model.translator, options, inputs)
+        else:
+            amount = tasks.work(model.translator, kind, options, inputs)
+        limit = self.settings.max_work
         if amount > limit:
             raise ApiError(422, "too_much_work", f"the request may take {amount:,} decoder "
                            f"steps (texts x beam or samples x output length limit), over the "
                            f"limit of {limit:,}: send fewer or shorter texts, or lower beam, "
                            "samples, n_best or exact_length")
-        if kind == "translate":
-            size, limit = (tasks.attention_size(model.translator, options, inputs),
-                           self.settings.max_attention)
-            if size > limit:
-                raise ApiError(422, "too_much_work", f"the response may carry {size:,} "
-                               "attention weights (outputs x output length limit x source "
-                               f"tokens), over the limit of {limit:,}: ask for attention with "
-                               "fewer or shorter texts, or lower n_best, samples or exact_length")
+        if attention > (limit := self.settings.max_attention):
+            raise ApiError(422, "too_much_work", f"the response may carry {attention:,} "
+                           "attention weights (outputs x output length limit x source "
+                           f"tokens), over the limit of {limit:,}: ask for attention with "
+                           "fewer or shorter texts, or lower n_best, samples or exact_length")
 
     async def run(self, model: ServedModel, kind: str, options: dict, inputs: Sequence[Any],
                   alone: bool = False) -> list:

@@ -67,37 +67,29 @@ def cost(translator: Translator, kind: str, inputs: Sequence[Any]) -> int:
     return sum(len(line) + 1 for line in inputs)
 
 
-def _lengths(translator: Translator, dec, options: dict, inputs: Sequence[Line]
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per line: source tokens as decoded (+ EOS) and the output length limit incl. EOS, as
-    ``search._output_limits`` sets it; 0 source tokens for an empty line (not decoded)."""
+def translate_measures(translator: Translator, options: dict, inputs: Sequence[Line]
+                       ) -> tuple[int, int]:
+    """A translate job's most decoder row-steps and the attention weights its response may
+    carry (0 unless asked), from one pass over its lines. Per line, with its output length
+    limit L incl. EOS (as ``search._output_limits`` sets it) and S source tokens + EOS:
+    rows (beam, or samples) x L steps, and outputs (n-best or samples) x L x S weights; empty
+    lines are not decoded."""
+    dec = translator.decode_settings(options["decode"])
     limit = translator.source_limit(dec)
     sizes = torch.tensor([min(len(translator.source_ids(line, False)), limit)
                           for line, _ in inputs])
     cap = translator.model.cfg.max_positions  # output tokens + EOS (search._output_limits)
     limits = max_lengths(sizes + 1, dec.max_len_a, dec.max_len_b, cap)
     _, limits = length_bounds(constraints(translator, options, inputs), limits, cap)
-    return torch.where(sizes > 0, sizes + 1, 0), limits
+    sources = torch.where(sizes > 0, sizes + 1, 0)
+    rows = dec.samples if dec.sampling else dec.beam
+    outputs = (dec.samples if dec.sampling else dec.nbest) if options.get("attention") else 0
+    return rows * int(limits[sources > 0].sum()), outputs * int((limits * sources).sum())
 
 
 def translate_work(translator: Translator, options: dict, inputs: Sequence[Line]) -> int:
-    """Decoder row-steps a translate job may take: for each line, the rows its search decodes
-    (beam, or samples) x its output length limit."""
-    dec = translator.decode_settings(options["decode"])
-    sources, limits = _lengths(translator, dec, options, inputs)
-    rows = dec.samples if dec.sampling else dec.beam
-    return rows * int(limits[sources > 0].sum())  # empty lines are not decoded
-
-
-def attention_size(translator: Translator, options: dict, inputs: Sequence[Line]) -> int:
-    """The attention weights a translate job's response may carry: for each line, its outputs
-    (n-best or samples) x output length limit x source tokens (both + EOS); 0 unless asked."""
-    if not options.get("attention"):
-        return 0
-    dec = translator.decode_settings(options["decode"])
-    sources, limits = _lengths(translator, dec, options, inputs)
-    outputs = dec.samples if dec.sampling else dec.nbest
-    return outputs * int((limits * sources).sum())
+    """Decoder row-steps a translate job may take (``translate_measures``)."""
+    return translate_measures(translator, options, inputs)[0]
 
 
 def couplet_work(translator: Translator, options: dict, inputs: Sequence[str]) -> int:
