@@ -215,6 +215,28 @@ def signal_handled(signum: int, handler) -> Iterator[None]:
         signal.signal(signum, previous)
 
 
+@contextmanager
+def interrupts_deferred(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+                        ) -> Iterator[None]:
+    """Signals that arrive in this block take effect when it ends, each with the handler it had
+    before (Ctrl-C raises KeyboardInterrupt there). For code that must not stop half-way: a
+    KeyboardInterrupt inside an executor's ``submit`` or ``result`` can leave one of its locks
+    held, and its shutdown then waits forever. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: arrived.append(signum))
+                for s in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
+
+
 def _interrupt(_signum, _frame):
     raise KeyboardInterrupt
 

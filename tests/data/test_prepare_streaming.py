@@ -7,6 +7,9 @@ from __future__ import annotations
 import io
 import os
 import random
+import signal
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +19,11 @@ from xinda.config import DataConfig
 from xinda.data.arrays import TokenArrays
 from xinda.data.manifest import load_split, load_vocabularies
 from xinda.data.prepare import filter_train, prepare, train_spm
-from xinda.data.stream import NpyAppender, Reservoir, ordered_map
+from xinda.data.stream import NpyAppender, Reservoir, ordered_map, result_of
 from xinda.data.text import TextPipeline
 from xinda.data.train_stream import control_mask, encode_lines, worker_pool
 from xinda.errors import XindaError
+from xinda.utils import interrupts_deferred, signal_handled
 
 WORDS = {"the": "der", "a": "ein", "cat": "katze", "dog": "hund", "man": "mann", "sees": "sieht",
          "likes": "mag", "big": "groß", "small": "klein", "red": "rot", "house": "haus"}
@@ -215,3 +219,50 @@ def test_a_worker_that_dies_is_a_one_line_error_not_a_hang():
     prepare waited for it forever (the OOM killer on a large corpus, or kill -9)."""
     with pytest.raises(XindaError, match="a data.workers process died"), worker_pool(2) as pool:
         list(ordered_map(os._exit, [1, 1, 1], pool, 2))  # each call ends its worker at once
+
+
+class InterruptedInSubmit(ThreadPoolExecutor):
+    """Ctrl-C arrives while the executor runs its own bookkeeping (where a KeyboardInterrupt
+    can leave a lock held: CI once hung 60 s in prepare's shutdown after Ctrl-C)."""
+
+    submitted = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        signal.raise_signal(signal.SIGINT)
+        future = super().submit(fn, *args, **kwargs)
+        self.submitted += 1  # reached only if the interrupt waited for the end of submit
+        return future
+
+
+def test_ctrl_c_takes_effect_between_the_pools_calls_not_inside_them():
+    with InterruptedInSubmit(1) as pool:
+        with pytest.raises(KeyboardInterrupt):
+            list(ordered_map(abs, [-1, -2, -3], pool, 2))
+        assert pool.submitted == 1
+
+
+def test_ctrl_c_ends_a_wait_for_a_result_that_does_not_come():
+    future: Future = Future()
+    threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
+                    ).start()
+    safety = threading.Timer(10, future.set_result, (0,))  # a broken wait fails, never hangs
+    safety.start()
+    with pytest.raises(KeyboardInterrupt):
+        result_of(future)
+    assert not future.done()
+    safety.cancel()
+
+
+def test_a_deferred_signal_keeps_the_handler_it_had():
+    calls = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: calls.append(signum))
+    try:
+        with interrupts_deferred():
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+            assert calls == []
+        assert calls == [signal.SIGTERM]  # once, after the block
+        with signal_handled(signal.SIGINT, signal.SIG_IGN), interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)  # ignored before: ignored after
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as WaitTimedOut
 from itertools import islice
 from pathlib import Path
 from typing import IO, TypeVar
@@ -16,7 +17,7 @@ from typing import IO, TypeVar
 import numpy as np
 
 from xinda.errors import XindaError
-from xinda.utils import read_lines
+from xinda.utils import interrupts_deferred, read_lines
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -139,14 +140,27 @@ class NpyAppender:
 def ordered_map(func: Callable[[T], R], items: Iterable[T], pool: Executor | None,
                 ahead: int) -> Iterator[R]:
     """``map(func, items)`` in order, on ``pool`` when given with at most ``ahead`` items in
-    flight (``Executor.map`` would read ``items`` to the end at once)."""
+    flight (``Executor.map`` would read ``items`` to the end at once). Ctrl-C takes effect
+    between the pool's calls, never inside them (``interrupts_deferred``)."""
     if pool is None:
         yield from map(func, items)
         return
-    pending: deque = deque()
+    pending: deque[Future] = deque()
     for item in items:
-        pending.append(pool.submit(func, item))
+        with interrupts_deferred():
+            pending.append(pool.submit(func, item))
         if len(pending) >= ahead:
-            yield pending.popleft().result()
+            yield result_of(pending.popleft())
     while pending:
-        yield pending.popleft().result()
+        yield result_of(pending.popleft())
+
+
+def result_of(future: Future, poll: float = 0.05) -> R:
+    """``future.result()``, waited for in slices of ``poll`` seconds with Ctrl-C deferred
+    within each: an interrupt ends the wait within ``poll`` and outside the executor's code."""
+    while True:
+        with interrupts_deferred():
+            try:
+                return future.result(timeout=poll)
+            except WaitTimedOut:
+                pass

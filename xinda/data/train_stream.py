@@ -35,7 +35,7 @@ from xinda.data.stream import NpyAppender, Pair, Reservoir, ordered_map, read_ch
 from xinda.data.text import TextPipeline
 from xinda.data.vocab import Vocab
 from xinda.errors import XindaError
-from xinda.utils import atomic_path, has_control_chars, signal_handled
+from xinda.utils import atomic_path, has_control_chars, interrupts_deferred, signal_handled
 
 _ENCODE_BATCH = 20_000
 
@@ -98,7 +98,7 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
         # start every worker now, in a block where Ctrl-C is ignored: they inherit that.
         # Ctrl-C reaches a terminal's whole process group, but it is the parent's to handle:
         # a worker that took it would die, with a traceback, and break the pool
-        with signal_handled(signal.SIGINT, signal.SIG_IGN):
+        with interrupts_deferred(), signal_handled(signal.SIGINT, signal.SIG_IGN):
             for started in [pool.submit(int) for _ in range(workers)]:  # (one spawn each)
                 started.result()
         yield pool
@@ -107,7 +107,8 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
                          f"prepare again, with fewer than {workers} workers or a smaller "
                          "data.chunk_size") from None
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        with interrupts_deferred():  # (a second Ctrl-C must not stop it half-way either)
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipeline, TextPipeline],
