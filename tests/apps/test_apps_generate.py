@@ -103,6 +103,16 @@ def test_most_couplets_are_written(translator):
     assert outputs[1][0].text[0] == outputs[1][0].text[1]  # 心心 -> XX
 
 
+def test_a_sampling_model_still_writes_nbest_couplets_and_poems(model_dir):
+    """Before: with decode.sampling in the model's config, the apps' beam and nbest were
+    dropped and one sampled line came back (and the rules assume beam search)."""
+    tr = Translator.load(model_dir)
+    tr.cfg.decode.sampling = True
+    assert tr.decode_settings({}).sampling
+    assert len(write_couplets(tr, ["春风一夜江山绿"], nbest=3)[0]) == 3
+    assert len(write_poems(tr, [PoemPrompt(keywords=("春",), form=5)], nbest=2)[0]) == 2
+
+
 @pytest.mark.parametrize("form", [5, 7])
 @pytest.mark.parametrize("acrostic", ["", "春夏秋冬", "江山"])
 def test_every_poem_has_the_layout_and_the_acrostic(translator, form, acrostic):

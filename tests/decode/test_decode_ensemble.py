@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from xinda.config import DecodeConfig
-from xinda.decode.ensemble import Ensemble
+from xinda.data.text import TextPipeline
+from xinda.decode.ensemble import Ensemble, check_same_vocabularies
 from xinda.decode.search import beam_search, greedy_search
 from xinda.errors import XindaError
 
@@ -87,3 +91,22 @@ def test_members_with_other_vocabularies_are_refused(make_model, make_vocab):
     other = make_model(TRANSFORMER, vocab=make_vocab(tgt_size=40, joint=False))
     with pytest.raises(XindaError, match=r"^ensemble model 2 has other vocabularies .*tgt_size=40"):
         Ensemble([make_model(TRANSFORMER), other])
+
+
+def test_members_prepared_with_other_text_settings_are_refused(tmp_path):
+    """Before: only the sentencepiece files were compared, so a member prepared with another
+    lowercasing or pre-tokenisation silently read the first model's preprocessed input."""
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"the same sentencepiece model")
+    vocab = SimpleNamespace(path=spm, size=8)
+    moses = TextPipeline("NFKC", True, "moses", "en")
+
+    def member(src_text):
+        return SimpleNamespace(src_text=src_text, tgt_text=moses, src=vocab, tgt=vocab)
+
+    dirs = [Path("a"), Path("b")]
+    check_same_vocabularies(dirs, [member(moses), member(moses)])
+    other = TextPipeline("NFKC", False, "none", "en")
+    with pytest.raises(XindaError, match=r"^--ensemble b: its source text settings .*'lowercase'"
+                                         r": False.* differ from a's"):
+        check_same_vocabularies(dirs, [member(moses), member(other)])

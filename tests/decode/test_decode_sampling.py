@@ -118,6 +118,9 @@ def test_filters_by_hand():
     assert kept[1.0] == [True] * 4
     assert top_k_filter(scores, 2).isfinite()[0].tolist() == [True, True, False, False]
     assert top_k_filter(scores, 0).isfinite().all()
+    tied = torch.tensor([[0.0, -1.0, -1.0, -1.0, -2.0], [0.0, 0.0, -3.0, -3.0, -3.0]])
+    assert top_k_filter(tied, 2).isfinite().sum(1).tolist() == [2, 2]  # before: 4 and 2
+    assert top_k_filter(tied, 1).isfinite().sum(1).tolist() == [1, 1]  # before: 1 and 2
     shuffled = scores[:, [2, 0, 3, 1]]
     assert top_p_filter(shuffled, 0.8).isfinite()[0].tolist() == [False, True, False, True]
 

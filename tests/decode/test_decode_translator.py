@@ -109,8 +109,17 @@ def test_nbest_above_beam_widens_the_beam(translator):
     assert len(tr.translate(["a house"], beam=2, nbest=4, **SHORT)[0]) == 4
     assert tr.translate(["a house"], beam=2, nbest=4, **SHORT)[0] == tr.translate(
         ["a house"], beam=4, nbest=4, **SHORT)[0]
-    assert len(tr.translate(["a house"], sampling=True, samples=2, beam=1, nbest=4,
-                            **SHORT)[0]) == 2  # sampling: nbest does not apply
+
+
+def test_beam_search_options_are_refused_when_sampling(translator):
+    """Before: beam, nbest, stop and coverage were dropped without a word (the CLI alone
+    refused them), so translate(nbest=3) of a sampling model gave one output per line."""
+    tr = translator(TRANSFORMER)
+    with pytest.raises(XindaError, match=r"^beam, nbest: beam-search options, not used when"):
+        tr.translate(["a house"], sampling=True, samples=2, beam=1, nbest=4, **SHORT)
+    with pytest.raises(XindaError, match=r"^coverage, stop: beam-search options"):
+        tr.translate(["a house"], sampler=SamplingConfig(n=2), stop="best", coverage=0.2)
+    assert len(tr.translate(["a house"], sampling=True, samples=2, **SHORT)[0]) == 2
 
 
 @pytest.mark.parametrize("options", [{"input_format": "piece"}, {"output_format": "Pieces"}])

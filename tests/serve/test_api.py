@@ -184,6 +184,7 @@ BAD_FIELDS = [
     ({"text": "one", "constraints": {"ban": ["five hundred"]}}, "five hundred"),
     ({"text": "one", "beems": 2}, "beems"),
     ({"text": "one", "temperature": 0.5}, "sampling"),
+    ({"text": "one", "sampling": True, "n_best": 2}, "n_best"),  # before: silently one output
     ({"text": []}, "text"),
     ({}, "text"),
     ({"text": "one", "model": None, "checkpoint": "/etc/passwd"}, "checkpoint"),

@@ -83,6 +83,7 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
     rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
     _room_for(rules, len(lines), options)
     options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
+    options.setdefault("sampling", False)  # the rules are kept by beam search
     results = translator.translate(lines, constraints=[rules], nbest=nbest, **options)
     texts = [[_restore_punctuation(t.text, up) for t in nbest_list]
              for nbest_list, up in zip(results, lines)]
@@ -123,5 +124,6 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
     rules = PoemRules(layouts, lengths, [p.form for p in prompts], heads, table, rhyme=rhyme)
     _room_for(rules, len(prompts), options)
     options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
+    options.setdefault("sampling", False)  # the rules are kept by beam search
     results = translator.translate(sources, constraints=[rules], nbest=nbest, **options)
     return _outputs(results, [[t.text for t in nbest_list] for nbest_list in results])

@@ -89,9 +89,16 @@ class Ensemble(Seq2SeqModel):
 
 def check_same_vocabularies(dirs: Sequence[Path], vocabs: Sequence[Vocabularies]) -> None:
     """XindaError unless every model has the first one's source and target sentencepiece
-    models (compared byte for byte)."""
+    models (compared byte for byte) and text pipelines (every member reads the first model's
+    preprocessed input)."""
     first = vocabs[0]
     for folder, other in zip(dirs[1:], vocabs[1:]):
+        for side, a, b in (("source", first.src_text, other.src_text),
+                           ("target", first.tgt_text, other.tgt_text)):
+            if a != b:
+                raise XindaError(f"--ensemble {folder}: its {side} text settings ({b.to_dict()}) "
+                                 f"differ from {dirs[0]}'s ({a.to_dict()}); an ensemble needs "
+                                 "models prepared the same way")
         for side, a, b in (("source", first.src, other.src), ("target", first.tgt, other.tgt)):
             if a.path.read_bytes() != b.path.read_bytes():
                 raise XindaError(f"--ensemble {folder}: its {side} vocabulary ({b.path.name}, "

@@ -70,8 +70,9 @@ def top_k_filter(scores: Tensor, k: int) -> Tensor:
     """scores (R, V) with all but the ``k`` highest of each row at -inf (Fan et al. 2018)."""
     if k <= 0 or k >= scores.size(-1):
         return scores
-    kth = scores.topk(k, dim=-1).values[:, -1:]  # (R, 1)
-    return scores.masked_fill(scores < kth, NEG_INF)
+    keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(
+        -1, scores.topk(k, dim=-1).indices, True)  # exactly k, ties included
+    return scores.masked_fill(~keep, NEG_INF)
 
 
 def top_p_filter(scores: Tensor, p: float) -> Tensor:

@@ -45,6 +45,7 @@ log = logging.getLogger("xinda")
 UNSATISFIABLE = "no output satisfies the constraints"
 FORMATS = ("text", "pieces")  # input_format / output_format
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")  # need decode.sampling
+BEAM_ONLY = ("beam", "nbest", "coverage", "stop")  # beam-search options, unused when sampling
 
 
 @dataclass
@@ -308,8 +309,13 @@ def check_format(name: str, value: str) -> str:
 
 def check_sampling_options(options: dict, dec: DecodeConfig,
                            sampler: SamplingConfig | None) -> None:
-    """A XindaError for sampling settings among ``options`` that would be ignored: without
-    sampling, or beside a ``sampler`` (which has its own)."""
+    """A XindaError for settings among ``options`` that would be ignored: sampling ones
+    without sampling or beside a ``sampler`` (which has its own), beam-search ones when
+    sampling."""
+    beam_given = ", ".join(name for name in BEAM_ONLY if name in options)
+    if beam_given and (sampler is not None or dec.sampling):
+        raise XindaError(f"{beam_given}: beam-search options, not used when sampling "
+                         "(samples sets the outputs per line)")
     given = ", ".join(name for name in SAMPLING_ONLY if name in options)
     if given and sampler is not None:
         raise XindaError(f"{given}: set them on the sampler, not as options, when one is given")

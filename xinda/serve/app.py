@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from xinda import __version__
 from xinda.apps.generate import PoemPrompt, first_line_characters
-from xinda.decode.translator import SAMPLING_ONLY
+from xinda.decode.translator import BEAM_ONLY, SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
 from xinda.serve.errors import ApiError, install_error_handlers
@@ -178,6 +178,10 @@ def decode_options(model: ServedModel, req: TranslateRequest) -> tuple[dict, boo
     if not dec.sampling and any(name in options for name in SAMPLING_ONLY):
         raise ApiError(422, "invalid_request", f"{', '.join(SAMPLING_ONLY)}: need "
                        "\"sampling\": true")
+    if dec.sampling and (beam := [{"nbest": "n_best"}.get(k, k) for k in BEAM_ONLY
+                                  if k in options]):
+        raise ApiError(422, "invalid_request", f"{', '.join(beam)}: beam-search settings, not "
+                       "used when sampling (samples sets the outputs per text)")
     return options, dec.sampling
 
 
