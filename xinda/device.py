@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -63,10 +62,10 @@ def pick_precision(name: str, device: torch.device) -> str:
 
 
 def autocast(precision: str, device: torch.device):
-    """The autocast context of a precision (none for fp32, and for int8, whose layers say
-    their own types)."""
+    """The autocast context of a precision: off for fp32, also inside another autocast (and
+    for int8, whose layers say their own types)."""
     if precision in ("fp32", "int8"):
-        return contextlib.nullcontext()
+        return torch.autocast(device.type, enabled=False)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)
 

@@ -128,3 +128,24 @@ def test_a_perfect_model_scores_100_when_targets_are_lowercased(tmp_path, monkey
     monkeypatch.setattr(Translator, "translate_text", lambda self, lines, **_: perfect)
     vocabs = load_vocabularies(cfg.data.out_dir)
     assert validation_bleu(cfg)(build_model(cfg.model, vocabs.info)) == pytest.approx(100.0)
+
+
+def test_validation_bleu_decodes_in_fp32_when_training_in_bf16(cfg, tmp_path):
+    """Before: the trainer wrapped the scorer in the training autocast, and the scorer's own
+    fp32 (no autocast) did not switch it off, so best.safetensors was picked by bf16 search."""
+    train = cfg.train.model_copy(update={"out_dir": str(tmp_path / "m"), "precision": "bf16"})
+    trainer = Trainer(cfg.model_copy(update={"train": train}), valid_bleu=validation_bleu(cfg))
+    layer = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear))
+    autocast_on: list[bool] = []
+    layer.register_forward_pre_hook(
+        lambda *_: autocast_on.append(torch.is_autocast_enabled("cpu")))
+    scorer = trainer.valid_bleu
+
+    def scored(model) -> float:
+        autocast_on.clear()
+        return scorer(model)
+
+    trainer.valid_bleu = scored
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as around a training step
+        trainer.validate()
+    assert autocast_on and not any(autocast_on)

@@ -35,7 +35,7 @@ from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, save_config
 from xinda.data.batching import Batch, collate, make_batches
 from xinda.data.manifest import load_manifest, load_split, load_vocabularies
-from xinda.device import autocast, pick_precision, tune_training_memory
+from xinda.device import pick_precision, tune_training_memory
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model, resolve
@@ -375,7 +375,7 @@ class Trainer:
         scores = corpus_loss(self.model, (src, tgt), self.cfg.train.max_tokens,
                              self.loss_setup, self.vocab)
         if self.valid_bleu is not None:
-            with torch.no_grad(), autocast(self.precision, self.device):
+            with torch.no_grad():  # (the scorer decodes in fp32)
                 scores["bleu"] = self.valid_bleu(self.model)
         return scores
 
