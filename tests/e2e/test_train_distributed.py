@@ -24,6 +24,7 @@ from xinda.checkpoint import list_checkpoints, load_state, state_json, state_ten
 from xinda.config import load_config
 from xinda.data.batching import make_batches
 from xinda.data.manifest import load_split
+from xinda.errors import XindaError
 from xinda.train.trainer import Trainer
 
 MAX_TOKENS = 500
@@ -216,6 +217,12 @@ def test_one_process_resumes_a_two_rank_run(uninterrupted, tmp_path, caplog, bat
         for part in (state_json(path), state_tensors(path), path):
             part.unlink()
     cfg = load_config(config("A"), [f"train.out_dir={run}"])
+    # before: accepted, with half the batches per update under the same schedule
+    with pytest.raises(XindaError, match=r"took 2 batches per update \(2 rank\(s\) x train."
+                                         r"update_freq 1\), this job 1 \(1 x 1\): train."
+                                         r"update_freq=2 keeps it"):
+        Trainer(cfg).train(resume=True)
+    cfg = load_config(config("A"), [f"train.out_dir={run}", "train.update_freq=2"])
     with caplog.at_level(logging.INFO, logger="xinda"):
         progress = Trainer(cfg).train(resume=True)
     assert "resumed from step_0000010" in caplog.text
@@ -224,6 +231,19 @@ def test_one_process_resumes_a_two_rank_run(uninterrupted, tmp_path, caplog, bat
     saved = load_state(run / "checkpoints" / "step_0000010.safetensors")["progress"]
     per_epoch = (batches_per_epoch + 1) // 2  # updates of 2 ranks
     assert (saved["epoch"], saved["batch"]) == (10 // per_epoch + 1, 10 % per_epoch * 2)
-    # one process finishes that epoch one batch per update
-    assert f"valid after update {10 + batches_per_epoch - saved['batch']}:" in caplog.text
+    # one process finishes that epoch two batches per update
+    left = batches_per_epoch - saved["batch"]
+    assert f"valid after update {10 + (left + 1) // 2}:" in caplog.text
     assert "ranks" not in load_state(list_checkpoints(run)[-1])  # one process: as before
+
+
+def test_a_refusal_by_rank_0_is_every_ranks_error(uninterrupted):
+    """Before: rank 0 refused (here: checkpoints but no --resume) and the other ranks, left
+    waiting for it, reported "lost contact ... continue it with --resume"."""
+    root, config = uninterrupted
+    proc = subprocess.run(torchrun("train", config("A")), check=False, capture_output=True,
+                          text=True, timeout=300, env=subprocess_env())
+    assert proc.returncode != 0
+    refusal = f"xinda: error: {root / 'A'}: already holds checkpoints; use --resume"
+    assert proc.stderr.count(refusal) == 2, proc.stderr
+    assert "lost contact" not in proc.stderr

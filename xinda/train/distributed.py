@@ -40,9 +40,10 @@ import inspect
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -51,6 +52,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from xinda.device import cpu_cores, oversubscription_warning, pick_device
 from xinda.errors import XindaError
+
+T = TypeVar("T")
 
 log = logging.getLogger("xinda")
 
@@ -113,6 +116,20 @@ class Ranks:
         box = [value]
         dist.broadcast_object_list(box, src=0, device=self.device)
         return box[0]
+
+    def main_only(self, work: Callable[[], T]) -> T:
+        """``work()`` run by rank 0, its result on every rank; a XindaError it raises is raised
+        on every rank (the others would wait for rank 0, then report lost contact)."""
+        outcome = None
+        if self.is_main:
+            try:
+                outcome = (work(), None)
+            except XindaError as err:
+                outcome = (None, str(err))
+        value, error = self.from_main(outcome)
+        if error is not None:
+            raise XindaError(error)
+        return value
 
     def gather(self, value) -> list:
         """Every rank's ``value``, in rank order (on every rank)."""

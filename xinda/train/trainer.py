@@ -45,6 +45,7 @@ from xinda.train.loss import LossSetup, batch_loss, corpus_loss
 from xinda.train.progress import Progress
 from xinda.train.run_dir import (
     apply_hyperparameters,
+    check_batches_per_update,
     check_lengths,
     check_output_dir,
     retire_average,
@@ -129,7 +130,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the newest checkpoint: rank 0 reads it and sends it to the others."""
-        state = self.ranks.from_main(self.read_newest() if self.ranks.is_main else None)
+        state = self.ranks.main_only(self.read_newest)
         if state is None:
             return
         if state["optimizer"] is not None:  # None after `xinda grow`: fresh Adam moments
@@ -150,6 +151,7 @@ class Trainer:
             return None
         ckpt.load_weights(self.model, found[-1])
         state = ckpt.load_state(found[-1])
+        check_batches_per_update(self.out, state, self.ranks.world, self.cfg.train.update_freq)
         if state["optimizer"] is None:
             log.info("%s has no optimizer state: starting a fresh optimizer", found[-1].name)
         progress = state["progress"]
@@ -179,8 +181,8 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
         with lost_contact(self.ranks.rank), os_errors_named(self.out):
-            if self.ranks.is_main:
-                check_output_dir(self.out, resume, self.cfg, self.data_dir, self.manifest)
+            self.ranks.main_only(lambda: check_output_dir(self.out, resume, self.cfg,
+                                                          self.data_dir, self.manifest))
             if resume:
                 self.resume()
             if self.ranks.is_main:
