@@ -158,3 +158,16 @@ def test_a_torchrun_environment_that_does_not_work_is_one_line(monkeypatch, env,
     with pytest.raises(XindaError, match=f"^{message}") as info:
         Ranks.from_env("cpu", 1)
     assert "\n" not in str(info.value) and not dist.is_initialized()
+
+
+def test_a_local_rank_without_its_gpu_is_one_line(monkeypatch):
+    """Before: torch's "invalid device ordinal" traceback (more processes than visible GPUs,
+    or a scheduler that shows each process one GPU)."""
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(distributed, "pick_device", lambda _name: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(XindaError, match=r"^rank 1: LOCAL_RANK 1 but this machine shows 1 "
+                                         r"GPU\(s\) \(CUDA_VISIBLE_DEVICES\?\): start at most"):
+        Ranks.from_env("cuda", 1)
+    assert not dist.is_initialized()

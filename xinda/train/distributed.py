@@ -87,6 +87,10 @@ class Ranks:
             return cls(device=where)
         rank, local = env_int("RANK"), env_int("LOCAL_RANK", 0)
         if where.type == "cuda":
+            if local >= torch.cuda.device_count():
+                raise XindaError(f"rank {rank}: LOCAL_RANK {local} but this machine shows "
+                                 f"{torch.cuda.device_count()} GPU(s) (CUDA_VISIBLE_DEVICES?): "
+                                 "start at most one process per GPU")
             where = torch.device("cuda", local)
             torch.cuda.set_device(where)
         owns = not dist.is_initialized()
