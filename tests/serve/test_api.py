@@ -36,7 +36,7 @@ def test_health_and_models(client):
     models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
     assert models["numbers"] == {"name": "numbers", "task": "translate", "arch": "transformer",
                                  "src_lang": "words", "tgt_lang": "digits",
-                                 "precision": "fp32"}
+                                 "precision": "fp32", "sampling": False}
     assert models["couplet"]["task"] == "couplet" and models["poetry"]["task"] == "poetry"
 
 

@@ -331,3 +331,34 @@ def test_page_asks_for_the_api_key(driver, served_model_dir, tmp_path, secret):
         assert not error.is_displayed(), error.text
         driver.execute_script("sessionStorage.clear()")
         assert not _js_errors(driver)
+
+
+def test_page_asks_a_sampling_model_for_samples(driver, served_model_dir, tmp_path):
+    """A model whose config samples (decode.sampling): the page sends n-best as ``samples``
+    and no beam. Before: it sent beam and n_best, which sampling ignored (one output); the API
+    now refuses them."""
+    import yaml
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    model_dir = tmp_path / "sampler"
+    shutil.copytree(served_model_dir, model_dir)
+    config = yaml.safe_load((model_dir / "config.yaml").read_text(encoding="utf-8"))
+    config["decode"]["sampling"] = True
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    with _serving(model_dir, tmp_path) as base:
+        assert _get(base + "v1/models")["models"][0]["sampling"] is True
+        _open(driver, base)
+        assert "samples" in driver.find_element("id", "model-info").text
+        n_best = driver.find_element("id", "n-best")
+        n_best.clear()
+        n_best.send_keys("3")
+        driver.find_element("id", "source").clear()
+        driver.find_element("id", "source").send_keys(SENTENCE)
+        driver.find_element("id", "translate").click()
+        wait = WebDriverWait(driver, WAIT_S)
+        wait.until(lambda d: d.find_elements("css selector", "#nbest li")
+                   or d.find_element("id", "error").is_displayed())
+        assert not driver.find_element("id", "error").is_displayed(), \
+            driver.find_element("id", "error").text
+        assert len(driver.find_elements("css selector", "#nbest li")) == 3
+        assert not _js_errors(driver)

@@ -32,7 +32,8 @@ class ServedModel:
         data = self.translator.cfg.data
         return {"name": self.name, "task": self.task, "arch": self.arch,
                 "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
-                "precision": self.translator.cfg.decode.precision}
+                "precision": self.translator.cfg.decode.precision,
+                "sampling": self.translator.cfg.decode.sampling}
 
 
 def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",

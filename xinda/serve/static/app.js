@@ -212,7 +212,8 @@
       info.textContent = "";
       return;
     }
-    info.textContent = [model.arch, model.task].filter(Boolean).join(" · ");
+    info.textContent = [model.arch, model.task, model.sampling && "samples (the beam is not used)"]
+      .filter(Boolean).join(" · ");
     const src = langTag(model.src_lang);
     if (src) $("source").setAttribute("lang", src);
     else $("source").removeAttribute("lang");
@@ -274,8 +275,13 @@
       if (model) body.model = model;
       const beam = intValue("beam");
       const nBest = intValue("n-best");
-      if (beam !== undefined) body.beam = beam;
-      if (nBest !== undefined) body.n_best = nBest;
+      const chosen = selectedModel("translate", "model");
+      if (chosen && chosen.sampling) {  // its outputs are samples: no beam, n-best = samples
+        if (nBest !== undefined) body.samples = nBest;
+      } else {
+        if (beam !== undefined) body.beam = beam;
+        if (nBest !== undefined) body.n_best = nBest;
+      }
       const data = await api("v1/translate", body);
       const model_ = models.translate.find((m) => m.name === data.model) || selectedModel("translate", "model");
       renderTranslations(data.translations || [], model_);
