@@ -152,7 +152,24 @@ def test_chinese_ter_counts_characters_with_the_zh_tokenizer() -> None:
     ter = corpus_scores(hyps, refs, metrics=("ter",), tokenize="zh")[0]
     # 1 insertion (的) + 1 substitution (很 -> 非) + 1 insertion (常) over 15 reference chars
     assert ter.score == pytest.approx(100 * 3 / 15)
-    assert corpus_scores(hyps, refs, metrics=("ter",))[0].score == 100.0  # whole sentences
+    assert corpus_scores(hyps, refs, metrics=("ter",), tokenize="13a")[0].score == 100.0
+    assert corpus_scores(hyps, refs, metrics=("ter",), tokenize="char")[0].score == ter.score
+
+
+def test_mostly_cjk_references_are_scored_by_characters_by_default() -> None:
+    """Before: BLEU's default 13a read each unsegmented line as one word (BLEU 0 for a
+    near-perfect classical Chinese output; validation BLEU of an lzh target never rose)."""
+    hyps, refs = ["学而时习之不亦说乎", "有朋自远方来"], ["学而时习之不亦说乎", "有朋自远方来乐"]
+    bleu, ter = corpus_scores(hyps, refs, metrics=("bleu", "ter"))
+    assert (bleu.score, ter.score) == (
+        corpus_scores(hyps, refs, metrics=("bleu",), tokenize="zh")[0].score,
+        corpus_scores(hyps, refs, metrics=("ter",), tokenize="zh")[0].score)
+    assert "tok:zh" in bleu.signature and bleu.score > 80 and ter.score < 10
+    assert corpus_scores(hyps, refs, metrics=("bleu",), tokenize="13a")[0].score == 0.0
+    rows = bleu_by_length(["a b", "c d"], hyps, refs)
+    assert rows[0]["bleu"] == bleu.score
+    english = corpus_scores(["a cat"], ["a cat"], metrics=("bleu",))[0]
+    assert "tok:13a" in english.signature
 
 
 def test_rouge_hand_computed_with_stemming_and_two_references() -> None:

@@ -56,7 +56,15 @@ def _check_lengths(hyps: Sequence[str], streams: list[list[str]]) -> None:
         raise XindaError("no hypotheses to score (empty input)")
 
 
-ASIAN_TOKENIZERS = ("zh", "ja-mecab", "ko-mecab")  # their TER segments CJK text too
+ASIAN_TOKENIZERS = ("zh", "ja-mecab", "ko-mecab", "char")  # their TER segments CJK text too
+
+
+def resolve_tokenizer(tokenize: str | None, streams: list[list[str]]) -> str | None:
+    """``tokenize``, or when None: "zh" for mostly CJK references (13a would read each
+    unsegmented line as one word: BLEU ~0), else None (sacreBLEU's 13a)."""
+    if tokenize is None and is_mostly_cjk([line for stream in streams for line in stream]):
+        return "zh"
+    return tokenize
 
 
 def _make_bleu(tokenize: str | None) -> BLEU:
@@ -95,14 +103,16 @@ def corpus_scores(
 ) -> list[Score]:
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
-    ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None = sacreBLEU's default), to
-    TER as its Asian-language support for "zh", "ja-mecab" and "ko-mecab", and to ROUGE
+    ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None: "zh" for mostly CJK
+    references, else sacreBLEU's 13a), to TER as its Asian-language support for "zh",
+    "ja-mecab", "ko-mecab" and "char", and to ROUGE
     ("zh" or "char": characters; None: characters for mostly CJK references; else
     rouge-score's English words). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
     """
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
     hyps = list(hyps)
+    tokenize = resolve_tokenizer(tokenize, streams)
     unknown = [name for name in metrics if name.lower() not in METRICS]
     if unknown:
         raise XindaError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
@@ -253,7 +263,7 @@ def bleu_by_length(
         groups.setdefault(-1 if length == 0 else _bucket_index(length, edges), []).append(i)
 
     labels = _bucket_labels(edges)
-    bleu = _make_bleu(tokenize)
+    bleu = _make_bleu(resolve_tokenizer(tokenize, streams))
     rows = []
     for b in sorted(groups):
         idx = groups[b]
