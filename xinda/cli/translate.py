@@ -188,9 +188,11 @@ def _plot_attention(results, folder: Path) -> None:
     from xinda.evaluate.attention_plot import plot_attention
 
     for i, nbest_list in enumerate(results):
-        best = nbest_list[0]
+        best, path = nbest_list[0], folder / f"{i:05d}.png"
         if best.attention is not None:
-            plot_attention(best.attention, best.source_pieces, best.target_pieces,
-                           folder / f"{i:05d}.png", title=best.text[:80])
+            plot_attention(best.attention, best.source_pieces, best.target_pieces, path,
+                           title=best.text[:80])
+        else:  # an empty or failed line: no picture, and none from an earlier run
+            path.unlink(missing_ok=True)
 
 

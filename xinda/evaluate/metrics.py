@@ -193,7 +193,7 @@ _CJK_RANGES = (
 )
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
@@ -205,7 +205,7 @@ def is_mostly_cjk(lines: Sequence[str]) -> bool:
         for ch in line:
             if not ch.isspace():
                 total += 1
-                cjk += _is_cjk(ch)
+                cjk += is_cjk(ch)
     return total > 0 and cjk * 2 > total
 
 
