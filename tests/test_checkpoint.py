@@ -66,3 +66,29 @@ def test_load_state_refuses_a_state_of_another_format(tmp_path):
         load_state(weights)
     with pytest.raises(XindaError, match="upgrade xinda"):  # not silently skipped as torn
         list_checkpoints(tmp_path)
+
+
+def test_averaging_checks_names_and_shapes_and_keeps_dtypes(tmp_path):
+    """Before: a name missing from one file was divided by N anyway, (3, 2) and (2,) were
+    broadcast together, and bf16 weights came back float32."""
+    from safetensors.torch import load_file, save_file
+
+    from xinda.checkpoint import average_checkpoints
+    from xinda.errors import XindaError
+
+    def write(name, **tensors):
+        save_file(tensors, str(tmp_path / name))
+        return tmp_path / name
+
+    a = write("a", w=torch.ones(3, 2, dtype=torch.bfloat16), b=torch.zeros(2))
+    b = write("b", w=torch.full((3, 2), 3.0, dtype=torch.bfloat16), b=torch.ones(2))
+    average_checkpoints([a, b], tmp_path / "avg")
+    avg = load_file(str(tmp_path / "avg"))
+    assert avg["w"].dtype == torch.bfloat16 and avg["w"].eq(2).all() and avg["b"].eq(0.5).all()
+    with pytest.raises(XindaError, match=r"extra is in only one of it and"):
+        average_checkpoints([a, write("c", w=avg["w"], b=avg["b"], extra=torch.ones(1))],
+                            tmp_path / "x")
+    with pytest.raises(XindaError, match=r"w has shape \(2,\), \(3, 2\) in"):
+        average_checkpoints([a, write("d", w=torch.ones(2, dtype=torch.bfloat16), b=avg["b"])],
+                            tmp_path / "x")
+    assert not (tmp_path / "x").exists()

@@ -312,9 +312,17 @@ def average_checkpoints(paths: list[Path], out: Path) -> None:
     """Element-wise mean of the parameters of several checkpoints (Vaswani et al. 2017, 6.1)."""
     if not paths:
         raise XindaError("no checkpoints to average")
-    total: dict[str, torch.Tensor] = {}
-    for path in paths:
-        for name, tensor in load_file(str(path)).items():
-            total[name] = total.get(name, 0) + tensor.double()
-    averaged = {name: (t / len(paths)).float() for name, t in total.items()}
+    first = load_file(str(paths[0]))
+    total = {name: tensor.double() for name, tensor in first.items()}
+    for path in paths[1:]:
+        weights = load_file(str(path))
+        for name in total.keys() ^ weights.keys():
+            raise XindaError(f"{path}: {name} is in only one of it and {paths[0]}: "
+                             "checkpoints of different models cannot be averaged")
+        for name, tensor in weights.items():
+            if tensor.shape != total[name].shape:
+                raise XindaError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
+                                 f"{tuple(total[name].shape)} in {paths[0]}")
+            total[name] += tensor.double()
+    averaged = {name: (t / len(paths)).to(first[name].dtype) for name, t in total.items()}
     _write(Path(out), lambda tmp: save_file(averaged, str(tmp)))
