@@ -146,8 +146,7 @@ def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -
     or digits but no such word (another script) is a XindaError."""
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
-    chars = tokenize in ("zh", "char") or (
-        tokenize is None and is_mostly_cjk([line for stream in streams for line in stream]))
+    chars = resolve_tokenizer(tokenize, streams) in ("zh", "char")
     if not chars:
         _check_words(streams)
     words = tokenizers.DefaultTokenizer(use_stemmer=True)
