@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
@@ -60,13 +61,18 @@ def _axis(n: int) -> tuple[float, int]:
     return inches, math.ceil(LABEL_INCHES / inches)
 
 
-def _font_families(texts: list[str]) -> list[str]:
-    """DejaVu Sans, then the installed CJK fonts; says once when CJK text has none."""
-    global _warned_no_cjk_font
+@functools.cache
+def _installed_cjk_fonts() -> tuple[str, ...]:
     from matplotlib import font_manager
 
     installed = {font.name for font in font_manager.fontManager.ttflist}
-    cjk = [name for name in CJK_FONTS if name in installed]
+    return tuple(name for name in CJK_FONTS if name in installed)
+
+
+def _font_families(texts: list[str]) -> list[str]:
+    """DejaVu Sans, then the installed CJK fonts; says once when CJK text has none."""
+    global _warned_no_cjk_font
+    cjk = _installed_cjk_fonts()
     if not cjk and not _warned_no_cjk_font and any(map(is_cjk, "".join(texts))):
         _warned_no_cjk_font = True
         log.warning("attention plots: no CJK font installed, so CJK pieces show as boxes "

@@ -149,9 +149,9 @@ class Trainer:
         if not found:
             log.warning("--resume: no checkpoint in %s, starting from scratch", self.out)
             return None
-        ckpt.load_weights(self.model, found[-1])
         state = ckpt.load_state(found[-1])
         check_batches_per_update(self.out, state, self.ranks.world, self.cfg.train.update_freq)
+        ckpt.load_weights(self.model, found[-1])
         if state["optimizer"] is None:
             log.info("%s has no optimizer state: starting a fresh optimizer", found[-1].name)
         progress = state["progress"]
