@@ -258,11 +258,17 @@ def load_state(weights: Path) -> dict:
         tensors = load_file(str(state_tensors(weights)))
     except (SafetensorError, OSError) as err:
         raise XindaError(f"{state_tensors(weights)}: unreadable ({_one_line(err)})") from None
-    state = join_state(document["state"], tensors, state_json(weights))
+    state = state_from_parts(document["state"], tensors, state_json(weights))
+    return {"format_version": document["format_version"], **state}
+
+
+def state_from_parts(document, tensors: dict[str, torch.Tensor], where: Path):
+    """The training state of ``split_state``'s parts, with the optimizer's integer keys back."""
+    state = join_state(document, tensors, where)
     optimizer = state.get("optimizer") if isinstance(state, dict) else None
     if isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict):
         optimizer["state"] = {int(k): v for k, v in optimizer["state"].items()}
-    return {"format_version": document["format_version"], **state}
+    return state
 
 
 def _format_1_message(path: Path) -> str:

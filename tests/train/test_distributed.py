@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from xinda import checkpoint as ckpt
 from xinda.device import oversubscription_warning
 from xinda.errors import XindaError
 from xinda.train import distributed
@@ -171,3 +172,55 @@ def test_a_local_rank_without_its_gpu_is_one_line(monkeypatch):
                                          r"GPU\(s\) \(CUDA_VISIBLE_DEVICES\?\): start at most"):
         Ranks.from_env("cuda", 1)
     assert not dist.is_initialized()
+
+
+STATE_FROM_MAIN = r"""
+import pickle, sys
+import torch, torch.distributed as dist
+from xinda.train.distributed import Ranks
+
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+pickled = []
+send = dist.broadcast_object_list
+dist.broadcast_object_list = lambda box, **kw: (send(box, **kw), pickled.append(box[0]))[0]
+ranks = Ranks(rank, 2, torch.device("cpu"), owns_group=True)
+
+def read():  # rank 0 only: a state like a checkpoint's
+    g = torch.Generator().manual_seed(7)
+    return {"format_version": 2, "rng": torch.get_rng_state(),
+            "optimizer": {"state": {0: {"step": torch.tensor(3.0),
+                                        "exp_avg": torch.randn(4, 3, generator=g)},
+                                    5: {"exp_avg_sq": torch.rand(6, generator=g).double()}},
+                          "param_groups": [{"lr": 5e-4, "betas": (0.9, 0.99), "params": [0, 5]}]},
+            "scaler": {}, "progress": {"step": 3, "best": float("-inf")}}
+
+state = ranks.state_from_main(read if rank == 0 else lambda: 1 / 0)
+none = ranks.state_from_main(lambda: None)
+ranks.close()
+with open(out, "wb") as f:
+    pickle.dump((state, none, [repr(p) for p in pickled]), f)
+"""
+
+
+def test_state_from_main_sends_rank_0_s_state_with_its_tensors_outside_the_pickle(tmp_path):
+    """--resume: rank 1 gets exactly rank 0's state (integer optimizer keys, dtypes, 0-dim
+    tensors), and the pickled part holds no tensor (a big optimizer state is not pickled)."""
+    import pickle
+    import subprocess
+    import sys
+
+    outs = [tmp_path / f"rank{r}.pkl" for r in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", STATE_FROM_MAIN, str(r),
+                               str(tmp_path / "store"), str(outs[r])]) for r in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    (sent, none0, pickled0), (got, none1, pickled1) = (pickle.loads(o.read_bytes()) for o in outs)
+    assert none0 is None and none1 is None
+    assert set(got["optimizer"]["state"]) == {0, 5}
+    flat_sent, flat_got = ckpt.split_state(sent), ckpt.split_state(got)
+    assert flat_got[0] == flat_sent[0]  # same document, tuples as lists as on disk
+    assert flat_got[1].keys() == flat_sent[1].keys()
+    for name, tensor in flat_sent[1].items():
+        assert flat_got[1][name].dtype == tensor.dtype and torch.equal(flat_got[1][name], tensor)
+    assert got["optimizer"]["state"][0]["step"].shape == ()
+    assert pickled0 == pickled1 and pickled0 and not any("tensor(" in p for p in pickled0)

@@ -27,7 +27,8 @@ How the work is shared (see ``Trainer.train_epoch``):
   are derived from (seed, rank, step).
 - Only rank 0 writes (checkpoints, log.csv, curves, train_stats.json, the config copy) and
   validates; the others wait for it at their next collective. Rank 0 reads the checkpoint on
-  ``--resume`` and sends it to the others, so the model directory need not be shared.
+  ``--resume`` and sends it to the others (its tensors with ``dist.broadcast``, not pickled), so
+  the model directory need not be shared.
 - A rank that dies makes the others' next collective fail (at once when its connections close,
   else after ``train.dist_timeout`` seconds): each survivor stops with one line naming its rank,
   and torchrun ends the job. ``--resume`` continues from the last checkpoint.
@@ -43,6 +44,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -50,6 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from xinda import checkpoint as ckpt
 from xinda.device import cpu_cores, oversubscription_warning, pick_device
 from xinda.errors import XindaError
 
@@ -134,6 +137,33 @@ class Ranks:
         if error is not None:
             raise XindaError(error)
         return value
+
+    def state_from_main(self, read: Callable[[], dict | None]) -> dict | None:
+        """``main_only(read)`` for a training state: its tensors travel as tensors
+        (``dist.broadcast`` on this rank's device, one by one), the rest is pickled, so that a
+        large optimizer state is never pickled whole. The tensors arrive on the CPU."""
+        if not self.enabled:
+            return read()
+        tensors: dict[str, torch.Tensor] = {}
+
+        def layout() -> tuple | None:  # rank 0: the state without its tensors, their shapes
+            state = read()
+            if state is None:
+                return None
+            document, found = ckpt.split_state(state)
+            tensors.update(found)
+            return document, {name: (t.shape, t.dtype) for name, t in found.items()}
+
+        shared = self.main_only(layout)
+        if shared is None:
+            return None
+        document, shapes = shared
+        for name, (shape, dtype) in shapes.items():  # the same order on every rank
+            buffer = (tensors[name].to(self.device) if self.is_main
+                      else torch.empty(shape, dtype=dtype, device=self.device))
+            dist.broadcast(buffer, src=0)
+            tensors[name] = buffer.cpu()
+        return ckpt.state_from_parts(document, tensors, Path("the state sent by rank 0"))
 
     def gather(self, value) -> list:
         """Every rank's ``value``, in rank order (on every rank)."""

@@ -130,7 +130,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the newest checkpoint: rank 0 reads it and sends it to the others."""
-        state = self.ranks.main_only(self.read_newest)
+        state = self.ranks.state_from_main(self.read_newest)
         if state is None:
             return
         if state["optimizer"] is not None:  # None after `xinda grow`: fresh Adam moments
@@ -202,7 +202,8 @@ class Trainer:
                      "(update_freq)", self.ranks.world, tc.max_tokens, self.ranks.world,
                      tc.update_freq)
         self._clock, self._wall_base, first_step = time.perf_counter(), p.wall_seconds, p.step
-        stop = self.limit_reached() or self.stopped_early()  # resumed from a finished run
+        # resumed from a finished run (all ranks decide alike: the clock is each rank's)
+        stop = self.ranks.any(self.limit_reached() or self.stopped_early())[0]
         while p.epoch <= tc.max_epochs and not stop:
             batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
                                    tc.max_tokens, tc.seed, p.epoch)
