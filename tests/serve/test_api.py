@@ -81,6 +81,30 @@ def test_n_best_and_attention_shape(client):
         assert all(sum(row) == pytest.approx(1, abs=1e-2) for row in rows)
 
 
+def test_the_translate_response_is_built_off_the_event_loop(client, monkeypatch):
+    """Attention weights make bodies of megabytes: building them on the event loop would hold
+    up every other request (found by review)."""
+    import asyncio
+
+    from xinda.serve import tasks
+
+    loops = []
+
+    def recording(*args):
+        try:
+            loops.append(asyncio.get_running_loop())
+        except RuntimeError:
+            loops.append(None)
+        return build(*args)
+
+    build = tasks.translation_json
+    monkeypatch.setattr(tasks, "translation_json", recording)
+    response = post(client, "/v1/translate", model="numbers", text=[NUMBERS, NUMBERS],
+                    attention=True)
+    assert response.status_code == 200 and len(response.json()["translations"]) == 2
+    assert loops == [None, None]
+
+
 def test_sampling_is_reproducible_with_a_seed(client):
     body = {"model": "numbers", "text": NUMBERS, "sampling": True, "samples": 3, "seed": 7,
             "temperature": 1.5, "top_k": 5, "top_p": 0.9}

@@ -205,9 +205,13 @@ def routes(svc: Service) -> APIRouter:
                    "constraints": constraints.model_dump(exclude={"prefix"})}
         results = await svc.run(model, "translate", options, list(zip(texts, prefixes)),
                                 alone=sampling)  # a seed's samples depend on the batch
-        return JSONResponse({"model": model.name, "translations": [
-            tasks.translation_json(text, nbest, req.attention)
-            for text, nbest in zip(texts, results)]})
+
+        def response() -> JSONResponse:  # attention weights make large bodies: off the loop
+            return JSONResponse({"model": model.name, "translations": [
+                tasks.translation_json(text, nbest, req.attention)
+                for text, nbest in zip(texts, results)]})
+
+        return await asyncio.to_thread(response)
 
     @api.post("/v1/couplet", response_model=CoupletResponse)
     async def couplet(req: CoupletRequest) -> JSONResponse:
