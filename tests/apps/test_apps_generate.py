@@ -111,6 +111,11 @@ def test_a_sampling_model_still_writes_nbest_couplets_and_poems(model_dir):
     assert tr.decode_settings({}).sampling
     assert len(write_couplets(tr, ["春风一夜江山绿"], nbest=3)[0]) == 3
     assert len(write_poems(tr, [PoemPrompt(keywords=("春",), form=5)], nbest=2)[0]) == 2
+    # asked for by the caller: one line naming what to do, not "beam, nbest: beam-search
+    # options, not used when sampling", which the caller never gave (found by review)
+    for write, prompt in ((write_couplets, "春风一夜江山绿"), (write_poems, PoemPrompt(("春",), 5))):
+        with pytest.raises(XindaError, match="written by beam search: sampling is not supported"):
+            write(tr, [prompt], nbest=2, sampling=True)
 
 
 @pytest.mark.parametrize("form", [5, 7])
@@ -335,3 +340,20 @@ def test_a_model_whose_targets_are_not_characters_is_refused(model_dir):
         write_couplets(words, ["春风得意"])
     with pytest.raises(XindaError, match="single characters"):
         write_poems(words, [PoemPrompt(keywords=("春",))])
+
+
+def test_ban_source_copy_bans_both_pieces_that_write_a_source_character(translator):
+    """Before: only the source's own pieces were banned, so a char model copied 江 as the bare
+    piece "江" when the source had "▁江" (found by review). Every output character must differ
+    from the source's, whatever the model prefers."""
+    lines = ["春风秋月江山", "三江", "夏兰", "西风", "江山如画"]
+    constraints = translator.constraints_for(lines, ban_source_copy=True)
+    results = translator.translate(lines, constraints=constraints, beam=5, nbest=5,
+                                   max_len_a=1.0, max_len_b=0)
+    for line, nbest in zip(lines, results):
+        for out in nbest:
+            assert not set(out.text) & set(line), (line, out.text, out.target_pieces)
+    [ban] = constraints[-1:]
+    vocab = translator.tgt_vocab
+    both = {i for i in vocab.pieces_to_ids(["江", "\u2581江"]) if i != vocab.unk}
+    assert len(both) == 2 and both <= set(ban.tokens[1])  # "三江"

@@ -82,12 +82,21 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
     table = CharacterTable.of(translator.tgt_vocab)
     rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
     _room_for(rules, len(lines), options)
-    options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
-    options.setdefault("sampling", False)  # the rules are kept by beam search
+    _beam_search(translator, options, nbest)
     results = translator.translate(lines, constraints=[rules], nbest=nbest, **options)
     texts = [[_restore_punctuation(t.text, up) for t in nbest_list]
              for nbest_list, up in zip(results, lines)]
     return _outputs(results, texts)
+
+
+def _beam_search(translator: Translator, options: dict, nbest: int) -> None:
+    """Decode settings for beam search, also with a model whose ``decode.sampling`` is on: the
+    outputs are the ``nbest`` best that keep the rules."""
+    if options.get("sampling"):
+        raise XindaError("couplets and poems are written by beam search: sampling is not "
+                         "supported (use nbest for several outputs)")
+    options["sampling"] = False
+    options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
 
 
 def _room_for(rules, n: int, options: dict) -> None:
@@ -123,7 +132,6 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
         sources.append(source_text(prompt.form, prompt.keywords or tuple(prompt.acrostic)))
     rules = PoemRules(layouts, lengths, [p.form for p in prompts], heads, table, rhyme=rhyme)
     _room_for(rules, len(prompts), options)
-    options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
-    options.setdefault("sampling", False)  # the rules are kept by beam search
+    _beam_search(translator, options, nbest)
     results = translator.translate(sources, constraints=[rules], nbest=nbest, **options)
     return _outputs(results, [[t.text for t in nbest_list] for nbest_list in results])

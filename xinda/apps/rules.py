@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from xinda.data.vocab import Vocab
+from xinda.data.vocab import WORD_START, Vocab
 from xinda.decode.constraints import Constraint
 from xinda.errors import XindaError
 from xinda.evaluate.generation import (
@@ -33,7 +33,6 @@ from xinda.evaluate.generation import (
     rhyme_group,
 )
 
-WORD_START = "\u2581"  # sentencepiece's "▁"
 FILL = "\u2047"  # "⁇": how a placeholder token (unk) reads back
 
 

@@ -77,7 +77,9 @@ def translate(
         ] = None,
     no_repeat_ngram: Annotated[int, typer.Option(help="ban repeated n-grams (0 = off)")] = 0,
     ban: Annotated[str | None, typer.Option(help="comma-separated target pieces/words")] = None,
-    ban_source_copy: Annotated[bool, typer.Option(help="ban copying source tokens")] = False,
+    ban_source_copy: Annotated[bool, typer.Option(
+        help="ban copying source pieces (with char or jieba targets: their characters, however "
+        "the output pieces them)")] = False,
     exact_length: Annotated[int | None, typer.Option(help="output pieces per line")] = None,
     sampling: Annotated[bool | None, typer.Option(
         "--sampling/--no-sampling", help="sample instead of beam search (default: the "

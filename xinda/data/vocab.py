@@ -12,6 +12,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+WORD_START = "\u2581"  # sentencepiece's "▁": the piece starts a word
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}  # sentencepiece trainer args
 
 

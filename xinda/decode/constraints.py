@@ -5,7 +5,8 @@ of each row (a hypothesis, beam or sample), then passes them through each constr
 a constraint sets the log-probability of every token it disallows to -inf. A search never
 extends a row with a -inf token, so a returned hypothesis satisfies every hard constraint; a
 sentence left with no finite candidate has no output (reported per sentence, never replaced
-by a violating one).
+by a violating one). There is no look-ahead: a search whose beams all run into a dead end
+reports no output although one that satisfies the constraints may exist.
 
 Constraints may also declare output lengths per sentence (``length``, ``min_length``,
 ``max_length``, counting the tokens before EOS): the search bans EOS before the minimum,

@@ -122,8 +122,8 @@ def greedy_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
                   need_attention: bool = False, constraints: Sequence[Constraint] = ()
                   ) -> list[Hypothesis | None]:
     """Pick the most probable allowed token at every step. src (B, S) -> one hypothesis per
-    sentence, None where no output satisfies the ``constraints`` (``dec``: max_len_a/b bound
-    the length, alpha the GNMT length penalty of its score)."""
+    sentence, None where the ``constraints`` leave no allowed token at some step (``dec``:
+    max_len_a/b bound the length, alpha the GNMT length penalty of its score)."""
     hyps = decode_rows(model, src, dec, argmax, 1, need_attention, constraints)
     return [h[0] if h else None for h in hyps]
 
@@ -215,7 +215,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig,
                 ) -> list[list[Hypothesis]]:
     """Batched beam search of width ``dec.beam``. src (B, S) -> for each sentence its
     ``dec.nbest`` best hypotheses that satisfy the ``constraints`` (fewer if fewer were found;
-    none where no output satisfies them).
+    none where every beam ran into a dead end of them: no look-ahead).
 
     Finished hypotheses are ranked by log P / lp(dec.alpha) + cp(dec.coverage); a coverage
     weight > 0 needs a model that returns source attention."""

@@ -4,9 +4,11 @@ Input lines go through the model directory's own pre-processing (normalisation,
 pre-tokenisation, sentencepiece), are batched by length, decoded, restored to input order and
 detokenised. N lines in always give N lines out: an empty line translates to empty lines (one per
 n-best entry or sample), and an over-long line is truncated (with a warning) to what the model's position
-table holds, never dropped. A line for which no output satisfies the caller's constraints (an
-empty line too, when they ask for a non-empty output) gets one Translation with ``text=""`` and
-``error`` set.
+table holds, never dropped. A line for which the search finds no output that satisfies the
+caller's constraints (an empty line too, when they ask for a non-empty output) gets one
+Translation with ``text=""`` and ``error`` set. The search does not look ahead: when every beam
+has run into a dead end, an output that satisfies them may still exist (a wider beam can find
+it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pydantic import ValidationError
 from xinda.checkpoint import default_weights, load_weights
 from xinda.config import DecodeConfig, ExperimentConfig, format_validation_error, load_config
 from xinda.data.manifest import Vocabularies, load_vocabularies
+from xinda.data.vocab import WORD_START
 from xinda.decode.constraints import (
     BanSourceTokens,
     BanTokens,
@@ -42,7 +45,7 @@ from xinda.models.quantize import quantize_int8
 from xinda.models.registry import build_model
 
 log = logging.getLogger("xinda")
-UNSATISFIABLE = "no output satisfies the constraints"
+UNSATISFIABLE = "the search found no output that satisfies the constraints"
 FORMATS = ("text", "pieces")  # input_format / output_format
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")  # need decode.sampling
 BEAM_ONLY = ("beam", "nbest", "coverage", "stop")  # beam-search options, unused when sampling
@@ -128,7 +131,7 @@ class Translator:
         nbest, max_len_a, max_len_b, batch_size, precision; the sampling ones only with
         sampling on). input/output_format "pieces" reads/writes sentencepiece pieces.
         ``constraints`` index sentences by their position in ``lines`` (see
-        ``constraints_for``); a line no output satisfies gets one Translation with ``error``
+        ``constraints_for``); a line the search finds no output for gets one Translation with ``error``
         set. ``sampler`` draws ``sampler.n`` samples per line instead of beam search (ranked by
         score; reproducible for the same lines, batch size and seed); without it, the model's
         ``decode.sampling`` settings decide.
@@ -241,8 +244,7 @@ class Translator:
             # every source token, also past a cut (translate's limit may differ from
             # this config's): at worst a token the decoder did not see is banned too
             sources = [self.source_ids(line, input_format == "pieces") for line in lines]
-            copies = [[i for i in self.tgt_vocab.pieces_to_ids(self.src_vocab.ids_to_pieces(s))
-                       if i != self.tgt_vocab.unk] for s in sources]
+            copies = [self.copy_ids(self.src_vocab.ids_to_pieces(s)) for s in sources]
             out.append(BanSourceTokens(copies, self.model.vocab))
         if exact_length is not None:
             if exact_length >= self.model.cfg.max_positions:
@@ -286,6 +288,17 @@ class Translator:
             pieces = " ".join(self.tgt_vocab.ids_to_pieces(encoded))
             raise XindaError(f"cannot ban {word!r}: it is not one target piece ({pieces!r})")
         return sorted(ids)
+
+    def copy_ids(self, source_pieces: Sequence[str]) -> list[int]:
+        """The target ids that would copy ``source_pieces``: each piece itself and, where the
+        target's detokenisation drops the spaces between characters (char and jieba
+        pre-tokenisation), the same text with and without the word-start mark "▁"."""
+        pieces = set(source_pieces)
+        if self.tgt_text.pretok in ("char", "jieba"):
+            bare = {piece.removeprefix(WORD_START) for piece in pieces}
+            pieces |= bare | {WORD_START + piece for piece in bare}
+        unk = self.tgt_vocab.unk
+        return sorted({i for i in self.tgt_vocab.pieces_to_ids(sorted(pieces)) if i != unk})
 
     def _source_pieces(self, src_ids: list[int] | None) -> list[str]:
         return self.src_vocab.ids_to_pieces(src_ids[:-1]) if src_ids else []
