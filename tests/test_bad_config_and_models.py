@@ -99,3 +99,60 @@ def test_heads_that_do_not_divide_the_width_are_a_config_error():
     from xinda.models.registry import resolve
     message = error(resolve, {"preset": "transformer-tiny", "heads": 3}, "c.yaml")
     assert "heads (3) must divide d_model (128)" in message
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("data:\n\ttrain: c\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+    ("data:\n  train: c\n valid: v\n",
+     "line 3, column 2: expected <block end>, but found '<block mapping start>'"),
+    ("data: [\n", "line 2, column 1: expected the node content, but found '<stream end>'"),
+])
+def test_invalid_yaml_names_its_line_and_the_problem(tmp_path, text, message):
+    """Before: only PyYAML's context line came out ("while scanning for the next token"),
+    without the problem or its line (found by review)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    assert error(load_config, path) == f"{path}: invalid YAML: {message}"
+
+
+def test_yaml_merge_keys_are_read_and_may_be_given_again(tmp_path):
+    """Before: "could not determine a constructor for the tag 'tag:yaml.org,2002:merge'"."""
+    path = tmp_path / "config.yaml"
+    path.write_text("data:\n  <<: &pair {src_lang: zh, tgt_lang: en}\n  tgt_lang: ja\n"
+                    "decode:\n  <<: {beam: 3}\n")
+    cfg = load_config(path)
+    assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.decode.beam) == ("zh", "ja", 3)
+    path.write_text("data:\n  <<: {src_lang: zh}\n  train: a\n  train: b\n")
+    assert "duplicate key 'train' at line 4" in error(load_config, path)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["data.tgt_lang=en"], ("data: src_lang and tgt_lang are both 'en': both sides would be "
+                            "read from the same files ({split}.en)")),
+    (["data.out_dir=''"], "data.out_dir: String should have at least 1 character"),
+    (["data.src_lang=''"], "data.src_lang: String should have at least 1 character"),
+    (["data.src_lang=no"], ("data.src_lang: Input should be a valid string (YAML reads "
+                            "yes/no/on/off unquoted as False: quote the value)")),
+    (["train.threads=1025"], "train.threads: Input should be less than or equal to 1024"),
+])
+def test_settings_that_cannot_work_are_refused(overrides, message):
+    """Found by review: an empty out_dir wrote the dataset into the current folder, the same
+    language on both sides read one file as source and target, and 50000 threads segfaulted."""
+    assert error(load_config, None, overrides) == f"config: {message}"
+
+
+def test_a_section_left_empty_keeps_its_defaults(tmp_path):
+    """Before: "data: Input should be a valid dictionary", and with --set "'data' is not a
+    section"."""
+    path = tmp_path / "config.yaml"
+    path.write_text("data:\n  # train: corpus\ndecode:\n")
+    cfg = load_config(path)
+    assert cfg.data.src_lang == "en" and cfg.decode.beam == 5
+    assert load_config(path, ["data.train=corpus"]).data.train == "corpus"
+
+
+def test_too_many_threads_is_one_line_not_a_crash():
+    from xinda.device import set_threads
+
+    assert "--threads must be 0 (torch's default) to 1024, got 50000" in error(set_threads, 50000)
+    assert "got -1" in error(set_threads, -1)

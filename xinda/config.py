@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from xinda.errors import XindaError
-from xinda.utils import atomic_write_text
+from xinda.utils import MAX_THREADS, atomic_write_text
 
 Pretok = Literal["moses", "jieba", "char", "none"]  # pre-tokenisers (xinda.data.text)
 Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied before it
@@ -32,12 +32,12 @@ class Strict(BaseModel):
 class DataConfig(Strict):
     """Raw parallel text -> cleaned, pre-tokenised, subword-encoded, binarised arrays."""
 
-    src_lang: str = "en"  # file suffix of the source side
-    tgt_lang: str = "de"  # file suffix of the target side
+    src_lang: str = Field("en", min_length=1)  # file suffix of the source side
+    tgt_lang: str = Field("de", min_length=1)  # file suffix of the target side
     train: str | None = None  # prefix: reads {train}.{src_lang}[.gz] and {train}.{tgt_lang}[.gz]
     valid: str | None = None  # prefix of the validation split
     test: dict[str, str] = Field(default_factory=dict)  # name -> prefix, e.g. {test2016: ...}
-    out_dir: str = "data-bin"  # where arrays, sentencepiece models and manifest.json go
+    out_dir: str = Field("data-bin", min_length=1)  # where arrays, sentencepiece models and manifest.json go
     normalize: Normalization = "NFKC"  # Unicode normalisation
     lowercase: bool = False
     pretok_src: Pretok = "none"  # pre-tokenisation before sentencepiece
@@ -57,6 +57,13 @@ class DataConfig(Strict):
     workers: int = Field(1, ge=1)  # processes that preprocess and encode chunks
     seed: Seed = 1
 
+    @model_validator(mode="after")
+    def _two_sides(self) -> DataConfig:
+        if self.src_lang == self.tgt_lang:
+            raise ValueError(f"src_lang and tgt_lang are both {self.src_lang!r}: both sides "
+                             f"would be read from the same files ({{split}}.{self.src_lang})")
+        return self
+
 
 class TrainConfig(Strict):
     model_config = ConfigDict(allow_inf_nan=False)  # (and Strict's): no infinity or NaN
@@ -64,7 +71,7 @@ class TrainConfig(Strict):
     out_dir: str = "runs/exp"  # the self-contained model directory
     seed: Seed = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int = Field(0, ge=0)  # torch intra-op threads; 0 = torch's default
+    threads: int = Field(0, ge=0, le=MAX_THREADS)  # torch intra-op threads; 0 = torch's default
     max_tokens: int = Field(4096, ge=1)  # tokens per batch, max(src, tgt) incl. padding
     update_freq: int = Field(1, ge=1)  # gradient accumulation: batches per update
     max_epochs: int = Field(100, ge=1)
@@ -153,9 +160,15 @@ class ExperimentConfig(Strict):
     decode: DecodeConfig = Field(default_factory=DecodeConfig)
 
 
+SECTIONS = tuple(ExperimentConfig.model_fields)  # data, model, train, decode
+
+
 def _one_line(text: str) -> str:
     """``text`` with line breaks and other unprintable characters escaped (``\\n``, ``\\x85``)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -169,6 +182,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:  # `<<: *anchor`: its keys may be given again
+                continue
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, str) and key in seen:
                 raise _DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
@@ -181,6 +196,10 @@ def _parse_yaml(text: str, what: str) -> Any:
     XindaError starting with ``what``."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as err:  # "line 2, column 1: found character '\t' that ..."
+        mark = err.problem_mark or err.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        reason = where + (err.problem or err.context or type(err).__name__)
     except yaml.YAMLError as err:
         reason = (str(err).splitlines() or [type(err).__name__])[0]
     except RecursionError:
@@ -194,7 +213,9 @@ def _parse_yaml(text: str, what: str) -> Any:
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for key in parents:
-        tree = tree.setdefault(key, {})
+        if tree.get(key) is None:  # absent, or a section left empty (only comments)
+            tree[key] = {}
+        tree = tree[key]
         if not isinstance(tree, dict):
             raise XindaError(_one_line(f"--set {dotted}: '{key}' is not a section"))
     tree[leaf] = value
@@ -216,6 +237,8 @@ def format_validation_error(err: ValidationError, where: str, section: str = "")
     first = err.errors()[0]
     path = ".".join([section] * bool(section) + [str(p) for p in first["loc"]])
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "string_type" and isinstance(first.get("input"), bool):
+        message += f" (YAML reads yes/no/on/off unquoted as {first['input']}: quote the value)"
     head = f"{where}: " if where else ""
     return _one_line(f"{head}{path}: {message}" if path else f"{head}{message}")
 
@@ -241,6 +264,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
             tree = {}
         if not isinstance(tree, dict):
             raise XindaError(f"{path}: expected a mapping at the top level")
+        # a section left empty (only comments) keeps its defaults
+        tree = {k: v for k, v in tree.items() if v is not None or k not in SECTIONS}
     apply_overrides(tree, list(overrides))
     try:
         return ExperimentConfig.model_validate(tree)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from xinda.errors import XindaError
+from xinda.utils import MAX_THREADS
 
 
 def pick_device(name: str) -> torch.device:
@@ -121,8 +122,8 @@ def check_device(name: str) -> None:
 
 def set_threads(threads: int) -> None:
     """``--threads``: torch's CPU threads (0: its default)."""
-    if threads < 0:
-        raise XindaError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
+    if not 0 <= threads <= MAX_THREADS:
+        raise XindaError(f"--threads must be 0 (torch's default) to {MAX_THREADS}, got {threads}")
     if threads:
         try:
             torch.set_num_threads(threads)

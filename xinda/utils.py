@@ -17,6 +17,8 @@ from typing import IO
 
 from xinda.errors import XindaError
 
+MAX_THREADS = 1024  # torch threads; more crash OpenMP ("Thread creation failed", segfaults)
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:

@@ -222,3 +222,23 @@ def test_prepare_into_a_file_is_a_one_line_error(prepared, xinda, one_line_error
                  ok=False)
     one_line_error(proc, f"{tmp_path / 'file'}: cannot write")
     assert (tmp_path / "file").read_text() == "kept\n"
+
+
+def test_a_full_stdout_keeps_the_prepared_data_and_is_one_line(tmp_path):
+    """Before: prepare printed its report inside the staging step, so a failed write to stdout
+    deleted the finished dataset and ended in a traceback; evaluate's scores too."""
+    import subprocess
+
+    from subprocesses import subprocess_env, xinda_command
+
+    src = [f"source sentence number {i}" for i in range(40)]
+    train = write_corpus(tmp_path, "train", src, [s.replace("source", "target") for s in src])
+    for args in (["prepare", write_config(tmp_path, train=train)],
+                 ["evaluate", f"{train}.en", f"{train}.de"]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([*xinda_command(), *args], stdout=full, stderr=subprocess.PIPE,
+                                  text=True, check=False, env=subprocess_env(), timeout=180)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (
+            "xinda: error: stdout: cannot write the output: No space left on device")
+    assert (tmp_path / "data-bin" / "manifest.json").is_file()

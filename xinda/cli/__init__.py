@@ -22,6 +22,7 @@ from xinda.errors import XindaError
 from xinda.export.command import ctranslate2 as export_ctranslate2_command
 from xinda.export.command import export_app
 from xinda.serve.command import serve as serve_command
+from xinda.utils import write_stdout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="xinda (信达): neural machine translation, faithful and fluent.")
@@ -46,6 +47,11 @@ def command(func: Callable, on: typer.Typer | None = None) -> Callable:
     return (on or app).command()(run)
 
 
+def say(*lines: str) -> None:
+    """A command's result ``lines`` on stdout; a failed write is a one-line error."""
+    write_stdout("".join(f"{line}\n" for line in lines))
+
+
 def validated(cfg: ExperimentConfig, source: Path | str) -> ExperimentConfig:
     """``cfg`` (read from ``source``) once its model section, a dict that ``load_config`` does
     not check, is valid too: every command that reads an experiment config checks all of it
@@ -67,10 +73,11 @@ def prepare(config: Path, set_: SetOpt = None,
 
     overrides = [*(set_ or []), *([f"data.workers={workers}"] if workers else [])]
     cfg = validated(load_config(config, overrides), config)
+    report: list[str] = []  # printed once the dataset is in place: a failed write loses nothing
     with terminate_as_interrupt():  # kill / timeout: the staging folder goes, as on Ctrl-C
-        manifest = run_prepare(cfg.data)
+        manifest = run_prepare(cfg.data, log=report.append)
     sizes = ", ".join(f"{k} {v['pairs']}" for k, v in manifest["splits"].items())
-    print(f"prepared {cfg.data.out_dir}: {sizes}")
+    say(*report, f"prepared {cfg.data.out_dir}: {sizes}")
 
 
 @command
@@ -85,8 +92,8 @@ def train(config: Path, set_: SetOpt = None,
     trainer = Trainer(cfg, valid_bleu=validation_bleu(cfg))
     progress = trainer.train(resume=resume)
     if trainer.ranks.is_main:  # under torchrun: once
-        print(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
-              f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
+        say(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
+            f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
 
 
 @command
@@ -112,10 +119,9 @@ def evaluate(
 
     hyps, refs = read_hyps_refs(hypotheses, references)
     sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
-    for score in corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize):
-        print(score)
+    say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize)))
     if sources is not None:
-        print(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize)))
+        say(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize)))
 
 
 def _length_sources(source: Path | None, hypotheses: Path, n_hyps: int) -> list[str]:
@@ -148,7 +154,7 @@ def average(model_dir: Path,
         raise XindaError(f"{out}: inside {checkpoint_dir(model_dir)}, the training's own "
                          "checkpoints (averaging writes elsewhere)")
     average_checkpoints(paths, out)
-    print(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")
+    say(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")
 
 
 @command
@@ -163,7 +169,7 @@ def grow(model_dir: Path,
     from xinda.train.grow import grow_model_dir
 
     new_dir = grow_model_dir(model_dir, to, out)
-    print(f"grown -> {new_dir}; continue with: xinda train {new_dir / 'config.yaml'} --resume")
+    say(f"grown -> {new_dir}; continue with: xinda train {new_dir / 'config.yaml'} --resume")
 
 
 @command
@@ -173,10 +179,10 @@ def models() -> None:
     from xinda.models.registry import PRESET_NOTES, build_model, list_presets
 
     vocab = VocabInfo(32000, 32000, 0, 2, 3, True)
-    print(f"{'preset':<28} {'arch':<12} {'parameters':>14}  description")
+    say(f"{'preset':<28} {'arch':<12} {'parameters':>14}  description")
     for name, arch, cfg in list_presets():
         params = build_model(cfg, vocab).num_parameters()
-        print(f"{name:<28} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
+        say(f"{name:<28} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
 
 
 @command
@@ -280,6 +286,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print("xinda: interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as err:  # one a command did not name itself (a full disk, a closed pipe)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"xinda: error: {where}{err.strerror or err}", file=sys.stderr)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 
 
