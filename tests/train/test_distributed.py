@@ -177,6 +177,7 @@ def test_a_local_rank_without_its_gpu_is_one_line(monkeypatch):
 STATE_FROM_MAIN = r"""
 import pickle, sys
 import torch, torch.distributed as dist
+from xinda.errors import XindaError
 from xinda.train.distributed import Ranks
 
 rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -197,15 +198,23 @@ def read():  # rank 0 only: a state like a checkpoint's
 
 state = ranks.state_from_main(read if rank == 0 else lambda: 1 / 0)
 none = ranks.state_from_main(lambda: None)
-ranks.close()
+
+def refuse():
+    raise XindaError("refused by rank 0")
+
+try:
+    ranks.main_only(refuse)
+except XindaError as err:
+    refused = (str(err), dist.is_initialized())  # every rank left the group together
 with open(out, "wb") as f:
-    pickle.dump((state, none, [repr(p) for p in pickled]), f)
+    pickle.dump((state, none, [repr(p) for p in pickled], refused), f)
 """
 
 
 def test_state_from_main_sends_rank_0_s_state_with_its_tensors_outside_the_pickle(tmp_path):
     """--resume: rank 1 gets exactly rank 0's state (integer optimizer keys, dtypes, 0-dim
-    tensors), and the pickled part holds no tensor (a big optimizer state is not pickled)."""
+    tensors), and the pickled part holds no tensor (a big optimizer state is not pickled).
+    A refusal by rank 0 is every rank's error, raised after the ranks left the group."""
     import pickle
     import subprocess
     import sys
@@ -214,7 +223,9 @@ def test_state_from_main_sends_rank_0_s_state_with_its_tensors_outside_the_pickl
     procs = [subprocess.Popen([sys.executable, "-c", STATE_FROM_MAIN, str(r),
                                str(tmp_path / "store"), str(outs[r])]) for r in (0, 1)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    (sent, none0, pickled0), (got, none1, pickled1) = (pickle.loads(o.read_bytes()) for o in outs)
+    (sent, none0, pickled0, refused0), (got, none1, pickled1, refused1) = (
+        pickle.loads(o.read_bytes()) for o in outs)
+    assert refused0 == refused1 == ("refused by rank 0", False)
     assert none0 is None and none1 is None
     assert set(got["optimizer"]["state"]) == {0, 5}
     flat_sent, flat_got = ckpt.split_state(sent), ckpt.split_state(got)

@@ -126,7 +126,8 @@ class Ranks:
 
     def main_only(self, work: Callable[[], T]) -> T:
         """``work()`` run by rank 0, its result on every rank; a XindaError it raises is raised
-        on every rank (the others would wait for rank 0, then report lost contact)."""
+        on every rank (the others would wait for rank 0, then report lost contact), once the
+        ranks have left the process group together (NCCL warns at exit otherwise)."""
         outcome = None
         if self.is_main:
             try:
@@ -135,6 +136,7 @@ class Ranks:
                 outcome = (None, str(err))
         value, error = self.from_main(outcome)
         if error is not None:
+            self.close()
             raise XindaError(error)
         return value
 
