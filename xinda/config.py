@@ -91,7 +91,7 @@ class TrainConfig(Strict):
     warmup_steps: int = Field(4000, ge=0)
     decay_every: int = Field(1000, ge=1)  # step schedule: multiply by decay_factor every N steps
     decay_factor: float = Field(0.5, gt=0, le=1)
-    min_lr: float = Field(0.0, ge=0)
+    min_lr: float = Field(0.0, ge=0)  # the lowest rate after the warm-up
     label_smoothing: float = Field(0.1, ge=0, lt=1)
     # output layer + loss computed this many target positions at a time (no (tokens x vocab)
     # tensor of the whole batch); 0 = the whole batch at once

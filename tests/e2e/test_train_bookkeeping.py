@@ -142,3 +142,65 @@ def test_a_torn_manifest_copy_is_named_on_resume(prepared, tmp_path):
     (tmp_path / "manifest.json").write_text('{"splits": {"tra', encoding="utf-8")
     with pytest.raises(XindaError, match="manifest.json: not a readable manifest"):
         run(prepared, tmp_path, resume=True, max_steps=2)
+
+
+def test_a_signal_on_the_update_that_reaches_the_limit_still_validates_it(prepared, tmp_path,
+                                                                         per_epoch):
+    """Before: SIGTERM during the last update saved a checkpoint and raised before the final
+    validation, and --resume (the limit reached) validated nothing: the last weights were never
+    scored or considered for best.safetensors (found by review)."""
+    import signal
+
+    last = per_epoch + 2  # inside an epoch
+    cfg = load_config(prepared.config, [f"train.out_dir={tmp_path}", "train.valid_bleu=false",
+                                        "train.log_every=1", f"train.max_steps={last}"])
+    trainer = Trainer(cfg, prepared.data_dir)
+    update = trainer.update
+
+    def update_then_signal(group):
+        out = update(group)
+        if trainer.progress.step == last:
+            trainer.signals.received = signal.SIGTERM  # as if it came during this update
+        return out
+
+    trainer.update = update_then_signal
+    try:
+        progress = trainer.train()
+    except KeyboardInterrupt:
+        pytest.fail("the signal ended the finished run before its final validation")
+    assert progress.step == last
+    validated = [int(r["step"]) for r in rows(tmp_path) if r["valid_loss"]]
+    assert validated == [per_epoch, last]
+    assert newest_progress(tmp_path)["step"] == last
+
+
+def test_batches_per_update_are_checked_against_the_checkpoint_not_the_config(prepared,
+                                                                               tmp_path):
+    """Before: the check read update_freq from out/config.yaml, which an accepted resume
+    rewrites before it saves anything: after 2 ranks x 1 resumed as 1 x 2 without a new
+    checkpoint (its limit reached), the next 1 x 2 resume was refused as 4 batches per update
+    (found by review). Here the config says update_freq 2 and the checkpoint 1 batch."""
+    import yaml
+
+    run(prepared, tmp_path, max_steps=2)
+    assert load_state(list_checkpoints(tmp_path)[-1])["batches_per_update"] == 1
+    saved = tmp_path / "config.yaml"
+    tree = yaml.safe_load(saved.read_text())
+    tree["train"]["update_freq"] = 2
+    saved.write_text(yaml.safe_dump(tree))
+    assert run(prepared, tmp_path, resume=True, max_steps=3).step == 3
+    with pytest.raises(XindaError, match=r"took 1 batches per update, this job 2 \(1 x 2\): "
+                                         r"train.update_freq=1 keeps it"):
+        run(prepared, tmp_path, resume=True, max_steps=4, update_freq=2)
+
+
+def test_fp16_on_the_cpu_scales_the_loss(prepared, tmp_path):
+    """Before: GradScaler() meant a CUDA scaler, which torch turns off on a CPU-only machine
+    (a warning only), and the NaN guard trusted that scaler: an inf loss went straight into
+    the weights (found by review)."""
+    cfg = load_config(prepared.config, [f"train.out_dir={tmp_path}", "train.valid_bleu=false",
+                                        "train.precision=fp16", "train.max_steps=2"])
+    trainer = Trainer(cfg, prepared.data_dir)
+    assert trainer.scaler.is_enabled()
+    assert trainer.train().step == 2
+    assert trainer.scaler.get_scale() > 0

@@ -218,9 +218,8 @@ def test_one_process_resumes_a_two_rank_run(uninterrupted, tmp_path, caplog, bat
             part.unlink()
     cfg = load_config(config("A"), [f"train.out_dir={run}"])
     # before: accepted, with half the batches per update under the same schedule
-    with pytest.raises(XindaError, match=r"took 2 batches per update \(2 rank\(s\) x train."
-                                         r"update_freq 1\), this job 1 \(1 x 1\): train."
-                                         r"update_freq=2 keeps it"):
+    with pytest.raises(XindaError, match=r"took 2 batches per update, this job 1 \(1 x 1\): "
+                                         r"train.update_freq=2 keeps it"):
         Trainer(cfg).train(resume=True)
     cfg = load_config(config("A"), [f"train.out_dir={run}", "train.update_freq=2"])
     with caplog.at_level(logging.INFO, logger="xinda"):

@@ -235,3 +235,19 @@ def test_state_from_main_sends_rank_0_s_state_with_its_tensors_outside_the_pickl
         assert flat_got[1][name].dtype == tensor.dtype and torch.equal(flat_got[1][name], tensor)
     assert got["optimizer"]["state"][0]["step"].shape == ()
     assert pickled0 == pickled1 and pickled0 and not any("tensor(" in p for p in pickled0)
+
+
+def test_checkpoints_without_batches_per_update_fall_back_to_the_saved_config(tmp_path):
+    """Checkpoints written before the product was recorded: ranks from the state, update_freq
+    from out/config.yaml."""
+    from xinda.config import load_config, save_config
+    from xinda.train.run_dir import check_batches_per_update
+
+    save_config(load_config(None, ["train.update_freq=1"]), tmp_path / "config.yaml")
+    old = {"ranks": {"world_size": 2}}
+    check_batches_per_update(tmp_path, old, 1, 2)  # 2 x 1 resumed as 1 x 2
+    with pytest.raises(XindaError, match=r"took 2 batches per update \(2 rank\(s\) x train."
+                                         r"update_freq 1\), this job 1 \(1 x 1\)"):
+        check_batches_per_update(tmp_path, old, 1, 1)
+    with pytest.raises(XindaError, match="took 3 batches per update, this job 2"):
+        check_batches_per_update(tmp_path, {"batches_per_update": 3, **old}, 1, 2)

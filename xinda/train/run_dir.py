@@ -51,19 +51,24 @@ def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: P
 
 def check_batches_per_update(out: Path, state: dict, world: int, update_freq: int) -> None:
     """Refuse to resume with other batches per update (ranks x ``train.update_freq``) than the
-    newest checkpoint's ``state`` was trained with: its learning-rate schedule counts updates."""
-    saved = out / "config.yaml"
-    if not saved.is_file():
-        return
-    was_world = (state.get("ranks") or {}).get("world_size", 1)
-    was_freq = load_config(saved).train.update_freq
-    was, now = was_world * was_freq, world * update_freq
+    newest checkpoint's ``state`` was trained with: its learning-rate schedule counts updates.
+    Checkpoints record the product; older ones, their ranks with the saved config's
+    ``update_freq``."""
+    was, how = state.get("batches_per_update"), ""
+    if was is None:
+        saved = out / "config.yaml"
+        if not saved.is_file():
+            return
+        was_world = (state.get("ranks") or {}).get("world_size", 1)
+        was_freq = load_config(saved).train.update_freq
+        was, how = was_world * was_freq, f" ({was_world} rank(s) x train.update_freq {was_freq})"
+    now = world * update_freq
     if was != now:
         keep = (f"train.update_freq={was // world} keeps it" if was % world == 0 else
                 f"no train.update_freq keeps it with {world} ranks")
-        raise XindaError(f"{saved}: the run took {was} batches per update ({was_world} rank(s) "
-                         f"x train.update_freq {was_freq}), this job {now} ({world} x "
-                         f"{update_freq}): {keep}; or train into another train.out_dir")
+        raise XindaError(f"{out}: the run took {was} batches per update{how}, this job {now} "
+                         f"({world} x {update_freq}): {keep}; or train into another "
+                         "train.out_dir")
 
 
 def check_same_run(out: Path, cfg: ExperimentConfig, data_dir: Path, manifest: dict) -> None:

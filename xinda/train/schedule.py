@@ -12,7 +12,8 @@ from xinda.config import TrainConfig
 
 def learning_rate(cfg: TrainConfig, step: int, d_model: int,
                   resets: Sequence[int] = ()) -> float:
-    """Learning rate at update ``step`` (1-based) for the configured schedule.
+    """Learning rate at update ``step`` (1-based) for the configured schedule; from the end of
+    the warm-up on, at least ``min_lr``.
 
     - inverse_sqrt: linear warm-up 0 -> lr over ``warmup_steps``, then lr * sqrt(warmup / step)
       (fairseq's ``inverse_sqrt``);
@@ -43,7 +44,7 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
         else:
             decay = 1.0
         rate = cfg.lr * warmup * decay
-    return max(rate, cfg.min_lr)
+    return rate if step < warm else max(rate, cfg.min_lr)  # the floor holds after the warm-up
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:

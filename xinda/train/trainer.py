@@ -92,7 +92,7 @@ class Trainer:
         self.loss_setup = LossSetup(tc.label_smoothing, self.vocab.pad, chunk, self.precision,
                                     self.device)
         self.optimizer = make_optimizer(tc, self.model.parameters())
-        self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
         self.has_valid = "valid" in self.manifest["splits"]
         limit = self.model_cfg.max_positions
@@ -165,7 +165,8 @@ class Trainer:
         if self.ranks.is_main:
             self.progress.wall_seconds = self.wall_seconds()
             state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                     "rng": torch.get_rng_state(), "progress": asdict(self.progress)}
+                     "rng": torch.get_rng_state(), "progress": asdict(self.progress),
+                     "batches_per_update": self.ranks.world * self.cfg.train.update_freq}
             if ranks:
                 state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
             ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
@@ -267,9 +268,9 @@ class Trainer:
             asked, limit = self.ranks.any(self.signals.received is not None, self.limit_reached())
             if asked or limit:
                 bar.close()
-            self.stop_if_asked(asked)
-            if limit:
+            if limit:  # the run is over: validated and saved as without the signal
                 return True
+            self.stop_if_asked(asked)
         bar.close()
         return False
 
@@ -311,7 +312,7 @@ class Trainer:
             loss_sum += float(loss.detach()) * bool(weight)
             nll_sum += float(nll.detach()) * bool(weight)
         loss_sum, nll_sum = self.ranks.sum(loss_sum, nll_sum)
-        if not math.isfinite(loss_sum) and self.precision != "fp16":  # fp16: the scaler skips
+        if not math.isfinite(loss_sum) and not self.scaler.is_enabled():  # fp16: it skips
             kept = (f"checkpoints kept in {ckpt.checkpoint_dir(self.out)}"
                     if ckpt.list_checkpoints(self.out) else "no checkpoint written yet")
             raise XindaError(
