@@ -172,6 +172,19 @@ def test_mostly_cjk_references_are_scored_by_characters_by_default() -> None:
     assert "tok:13a" in english.signature
 
 
+def test_japanese_references_are_scored_by_characters_by_default() -> None:
+    """Before: Japanese got "zh", which splits kanji but leaves each run of kana one word: one
+    wrong kana cost the whole run (found by review)."""
+    hyps, refs = ["わたしはがくせいです"], ["わたしはがくせいだ"]
+    bleu = corpus_scores(hyps, refs, metrics=("bleu",))[0]
+    assert "tok:char" in bleu.signature
+    assert bleu.score == corpus_scores(hyps, refs, metrics=("bleu",), tokenize="char")[0].score
+    assert corpus_scores(hyps, refs, metrics=("bleu",), tokenize="zh")[0].score == 0.0
+    assert bleu.score > 50
+    chinese = corpus_scores(["学而时习之"], ["学而时习之"], metrics=("bleu",))[0]
+    assert "tok:zh" in chinese.signature  # Chinese (no kana) keeps zh
+
+
 def test_rouge_hand_computed_with_stemming_and_two_references() -> None:
     """ROUGE-1 F1, mean over sentences of the mean over references: 'cats' stems to 'cat'.
     Sentence 1: 5/6 vs ref 1, F(1/6, 1/2) = 1/4 vs ref 2; sentence 2: F(1, 1/2) = 2/3 and 0."""

@@ -60,10 +60,12 @@ ASIAN_TOKENIZERS = ("zh", "ja-mecab", "ko-mecab", "char")  # their TER segments 
 
 
 def resolve_tokenizer(tokenize: str | None, streams: list[list[str]]) -> str | None:
-    """``tokenize``, or when None: "zh" for mostly CJK references (13a would read each
-    unsegmented line as one word: BLEU ~0), else None (sacreBLEU's 13a)."""
-    if tokenize is None and is_mostly_cjk([line for stream in streams for line in stream]):
-        return "zh"
+    """``tokenize``, or when None: for mostly CJK references (13a would read each unsegmented
+    line as one word: BLEU ~0) "char" when they are Japanese (kana: "zh" would leave each run
+    of kana one word), else "zh"; for others None (sacreBLEU's 13a)."""
+    lines = [line for stream in streams for line in stream]
+    if tokenize is None and is_mostly_cjk(lines):
+        return "char" if is_japanese(lines) else "zh"
     return tokenize
 
 
@@ -104,7 +106,7 @@ def corpus_scores(
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
     ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None: "zh" for mostly CJK
-    references, else sacreBLEU's 13a), to TER as its Asian-language support for "zh",
+    references, "char" when they are Japanese, else sacreBLEU's 13a), to TER as its Asian-language support for "zh",
     "ja-mecab", "ko-mecab" and "char", and to ROUGE
     ("zh" or "char": characters; None: characters for mostly CJK references; else
     rouge-score's English words). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
@@ -195,6 +197,17 @@ _CJK_RANGES = (
 def is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+
+
+def is_japanese(lines: Sequence[str]) -> bool:
+    """True if at least a tenth of the CJK characters in ``lines`` are kana."""
+    kana = cjk = 0
+    for line in lines:
+        for ch in line:
+            if is_cjk(ch):
+                cjk += 1
+                kana += 0x3041 <= ord(ch) <= 0x30FF or 0x31F0 <= ord(ch) <= 0x31FF
+    return cjk > 0 and kana * 10 >= cjk
 
 
 def is_mostly_cjk(lines: Sequence[str]) -> bool:
