@@ -116,7 +116,8 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--top-k", "3"), ("need --sampling",)),
     (("--ban", "7,seven hundred"), ("cannot ban 'seven hundred'",)),
     (("--no-repeat-ngram", "-1"), ("must be >= 0",)),
-    (("--threads", "-1"), ("--threads must be >= 0",)),  # before: a traceback
+    (("--threads", "-1"), ("--threads must be 0 (torch's default) to 1024, got -1",)),
+    (("--threads", "50000"), ("got 50000",)),  # before: a segfault
     (("--device", "bogus"), ("--device bogus: not available here",)),
     (("--sampling", "--nbest", "3"), ("--nbest: beam-search options", "--samples")),
     (("--sampling", "--beam", "7", "--stop", "best"), ("--beam, --stop: beam-search",)),
