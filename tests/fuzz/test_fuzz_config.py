@@ -166,7 +166,8 @@ def test_found_by_fuzzing_now_one_line_errors(text, fragment, user_error):
 
 @pytest.mark.parametrize(("items", "fragment"), [
     (["train.lr=2001-13-01"], "--set 'train.lr=2001-13-01': invalid YAML value: cannot convert"),
-    (["train.lr=["], "--set 'train.lr=[': invalid YAML value: while parsing a flow node"),
+    (["train.lr=["], ("--set 'train.lr=[': invalid YAML value: line 1, column 2: expected "
+                      "the node content, but found '<stream end>'")),
     (["a\nb.c.d=1"], "config: a\\nb: Extra inputs are not permitted"),
     (["train.lr=1", "train.lr.x\x85y=1"], "--set train.lr.x\\x85y: 'lr' is not a section"),
 ])
