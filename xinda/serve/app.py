@@ -141,7 +141,8 @@ class Service:
                   alone: bool = False) -> list:
         """Queue a job for ``model``'s worker and wait for its results (one per input); with
         ``alone`` the job is batched with no other request."""
-        self.check_work(model, kind, options, inputs)
+        # measuring tokenises every text (Moses, jieba): not on the event loop
+        await asyncio.to_thread(self.check_work, model, kind, options, inputs)
         key = (kind, json.dumps(options, sort_keys=True)) + ((object(),) if alone else ())
         job = Job(kind, key, options, list(inputs))
         try:
