@@ -208,6 +208,7 @@ BAD_FIELDS = [
     ({"text": "one", "constraints": {"exact_length": -1}}, "constraints.exact_length"),
     ({"text": "one", "constraints": {"prefix": "1"}}, "constraints.prefix"),
     ({"text": "one", "constraints": {"prefix": ["1", "2"]}}, "constraints.prefix"),
+    ({"text": "one", "constraints": {"prefix": []}}, "constraints.prefix"),  # before: ignored
     ({"text": "one", "constraints": {"ban": ["five hundred"]}}, "five hundred"),
     ({"text": "one", "beems": 2}, "beems"),
     ({"text": "one", "temperature": 0.5}, "sampling"),

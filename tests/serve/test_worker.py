@@ -174,3 +174,15 @@ def test_a_batch_decodes_on_while_one_of_its_requests_waits(decoding):
         assert w.metrics.stopped_batches.labels("fake")._value.get() == 0
     finally:
         w.stop()
+
+
+def test_jobs_still_queued_at_shutdown_get_503(batches):
+    """Before: a RuntimeError, which the app turned into 500 "internal" (found by review)."""
+    from xinda.serve.errors import ApiError
+
+    w = make_worker()
+    waiting = job("x")
+    w.submit(waiting)
+    w.stop()  # never started: the job is still queued
+    error = waiting.future.exception(WAIT_S)
+    assert isinstance(error, ApiError) and (error.status, error.code) == (503, "shutting_down")

@@ -196,7 +196,7 @@ def routes(svc: Service) -> APIRouter:
         check_unicode(req)
         model, texts = svc.model(req.model), svc.texts(req.text)
         constraints = req.constraints or Constraints()
-        prefixes = constraints.prefix or [None] * len(texts)
+        prefixes = [None] * len(texts) if constraints.prefix is None else constraints.prefix
         if len(prefixes) != len(texts):
             raise ApiError(422, "invalid_request", f"constraints.prefix: {len(prefixes)} "
                            f"prefixes for {len(texts)} texts")

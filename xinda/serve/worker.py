@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xinda.decode.search import SearchStopped, stop_when
+from xinda.serve.errors import ApiError
 from xinda.serve.metrics import Metrics
 from xinda.serve.models import ServedModel
 from xinda.serve.settings import ServeSettings
@@ -81,7 +82,8 @@ class Worker:
                 job = self.backlog.popleft() if self.backlog else self.queue.get_nowait()
             except (IndexError, queue.Empty):  # the thread did not stop in time and took it
                 break
-            _fail(job, RuntimeError("the server is shutting down"))
+            _fail(job, ApiError(503, "shutting_down", "the server is shutting down: retry "
+                                "later"))
 
     def _loop(self) -> None:
         while not self._stop.is_set():
