@@ -37,7 +37,8 @@ class DataConfig(Strict):
     train: str | None = None  # prefix: reads {train}.{src_lang}[.gz] and {train}.{tgt_lang}[.gz]
     valid: str | None = None  # prefix of the validation split
     test: dict[str, str] = Field(default_factory=dict)  # name -> prefix, e.g. {test2016: ...}
-    out_dir: str = Field("data-bin", min_length=1)  # where arrays, sentencepiece models and manifest.json go
+    # where arrays, sentencepiece models and manifest.json go
+    out_dir: str = Field("data-bin", min_length=1)
     normalize: Normalization = "NFKC"  # Unicode normalisation
     lowercase: bool = False
     pretok_src: Pretok = "none"  # pre-tokenisation before sentencepiece

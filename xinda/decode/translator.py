@@ -131,10 +131,10 @@ class Translator:
         nbest, max_len_a, max_len_b, batch_size, precision; the sampling ones only with
         sampling on). input/output_format "pieces" reads/writes sentencepiece pieces.
         ``constraints`` index sentences by their position in ``lines`` (see
-        ``constraints_for``); a line the search finds no output for gets one Translation with ``error``
-        set. ``sampler`` draws ``sampler.n`` samples per line instead of beam search (ranked by
-        score; reproducible for the same lines, batch size and seed); without it, the model's
-        ``decode.sampling`` settings decide.
+        ``constraints_for``); a line the search finds no output for gets one Translation with
+        ``error`` set. ``sampler`` draws ``sampler.n`` samples per line instead of beam search
+        (ranked by score; reproducible for the same lines, batch size and seed); without it, the
+        model's ``decode.sampling`` settings decide.
         """
         pieces_in = check_format("input_format", input_format) == "pieces"
         check_format("output_format", output_format)

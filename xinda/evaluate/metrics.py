@@ -63,10 +63,10 @@ def resolve_tokenizer(tokenize: str | None, streams: list[list[str]]) -> str | N
     """``tokenize``, or when None: for mostly CJK references (13a would read each unsegmented
     line as one word: BLEU ~0) "char" when they are Japanese (kana: "zh" would leave each run
     of kana one word), else "zh"; for others None (sacreBLEU's 13a)."""
-    lines = [line for stream in streams for line in stream]
-    if tokenize is None and is_mostly_cjk(lines):
-        return "char" if is_japanese(lines) else "zh"
-    return tokenize
+    if tokenize is not None:
+        return tokenize
+    script = cjk_script([line for stream in streams for line in stream])
+    return {"ja": "char", "zh": "zh", None: None}[script]
 
 
 def _make_bleu(tokenize: str | None) -> BLEU:
@@ -106,7 +106,8 @@ def corpus_scores(
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
     ``tokenize`` is passed to BLEU ("13a", "intl", "zh", ...; None: "zh" for mostly CJK
-    references, "char" when they are Japanese, else sacreBLEU's 13a), to TER as its Asian-language support for "zh",
+    references, "char" when they are Japanese, else sacreBLEU's 13a), to TER as its
+    Asian-language support for "zh",
     "ja-mecab", "ko-mecab" and "char", and to ROUGE
     ("zh" or "char": characters; None: characters for mostly CJK references; else
     rouge-score's English words). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
@@ -199,26 +200,25 @@ def is_cjk(ch: str) -> bool:
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
-def is_japanese(lines: Sequence[str]) -> bool:
-    """True if at least a tenth of the CJK characters in ``lines`` are kana."""
-    kana = cjk = 0
-    for line in lines:
-        for ch in line:
-            if is_cjk(ch):
-                cjk += 1
-                kana += 0x3041 <= ord(ch) <= 0x30FF or 0x31F0 <= ord(ch) <= 0x31FF
-    return cjk > 0 and kana * 10 >= cjk
-
-
-def is_mostly_cjk(lines: Sequence[str]) -> bool:
-    """True if more than half of the non-space characters in ``lines`` are CJK."""
-    total = cjk = 0
+def cjk_script(lines: Sequence[str]) -> Literal["ja", "zh"] | None:
+    """For lines whose non-space characters are more than half CJK: "ja" when at least a tenth
+    of those CJK characters are kana, else "zh"; None for other lines (one pass)."""
+    total = cjk = kana = 0
     for line in lines:
         for ch in line:
             if not ch.isspace():
                 total += 1
-                cjk += is_cjk(ch)
-    return total > 0 and cjk * 2 > total
+                if is_cjk(ch):
+                    cjk += 1
+                    kana += 0x3041 <= ord(ch) <= 0x30FF or 0x31F0 <= ord(ch) <= 0x31FF
+    if not (total and cjk * 2 > total):
+        return None
+    return "ja" if kana * 10 >= cjk else "zh"
+
+
+def is_mostly_cjk(lines: Sequence[str]) -> bool:
+    """True if more than half of the non-space characters in ``lines`` are CJK."""
+    return cjk_script(lines) is not None
 
 
 def sentence_length(text: str, unit: Literal["words", "chars"]) -> int:
