@@ -339,13 +339,19 @@ def test_the_default_work_limit(client):
 
 def test_not_found_and_method_not_allowed_are_json(client):
     assert_error(client.get("/v1/nothing"), 404, "not_found")
-    assert_error(client.get("/v1/translate"), 404, "not_found")  # GET: the static files'
+    assert_error(client.get("/nothing.js"), 404, "not_found")
+    # before: 404 from the page's catch-all mount at /
+    assert_error(client.get("/v1/translate"), 405, "method_not_allowed")
     assert_error(client.post("/health"), 405, "method_not_allowed")
+    assert_error(client.post("/"), 405, "method_not_allowed")
 
 
 def test_web_page_and_docs(client):
     page = client.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    for name, kind in (("app.js", "javascript"), ("style.css", "text/css")):
+        part = client.get(f"/{name}")
+        assert part.status_code == 200 and kind in part.headers["content-type"], name
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/translate", "/v1/couplet", "/v1/poem", "/v1/models", "/health"} <= set(paths)

@@ -123,6 +123,72 @@ def test_cors_is_off_unless_configured(make_client):
         assert refused.headers["access-control-allow-origin"] == "http://example.test"
 
 
+def test_an_unexpected_error_is_a_json_500_with_cors_headers(make_client, monkeypatch):
+    """Before: Starlette's outermost error handler answered it, outside the CORS middleware,
+    so a browser on another origin could not read the error."""
+    from xinda.serve import tasks
+
+    def broken(*_args):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(tasks, "translation_json", broken)
+    origin = {"Origin": "http://example.test"}
+    with make_client(cors_origins=("http://example.test",)) as client:
+        response = client.post("/v1/translate", json={"text": "one"}, headers=origin)
+        assert response.status_code == 500
+        assert response.json()["error"] == {"code": "internal",
+                                            "message": "internal error: RuntimeError"}
+        assert response.headers["access-control-allow-origin"] == "http://example.test"
+        assert metric(client, "xinda_requests_total", endpoint="/v1/translate",
+                      status="500") == 1
+        assert client.post("/v1/translate", json={"text": "one", "beam": 0}).status_code == 422
+
+
+def test_a_client_that_disconnects_abandons_its_job(make_client, monkeypatch):
+    """Before: the job was decoded to its end for nobody, holding up the requests behind it."""
+    import asyncio
+    import threading
+
+    from xinda.decode.search import check_stop
+    from xinda.serve import tasks
+
+    started = threading.Event()
+
+    def translate(_translator, _options, inputs):  # steps like a search until stopped
+        started.set()
+        for _ in range(10_000):
+            check_stop()
+            time.sleep(0.001)
+        return [[] for _ in inputs]
+    monkeypatch.setitem(tasks.RUNNERS, "translate", translate)
+    body = b'{"text": "one"}'
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent = []
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.to_thread(started.wait, 10)  # the client leaves once decoding started
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/translate", "raw_path": b"",
+             "root_path": "", "query_string": b"", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    with make_client() as client:  # starts the workers
+        asyncio.run(client.app(scope, receive, send))
+        assert started.is_set()
+        assert sent[0]["status"] == 499
+        for _ in range(500):  # bounded: until the worker has counted the stopped batch
+            if metric(client, "xinda_stopped_batches_total", model="numbers"):
+                break
+            time.sleep(0.01)
+        assert metric(client, "xinda_stopped_batches_total", model="numbers") == 1
+
+
 def test_metrics(make_client):
     with make_client() as client:
         client.post("/v1/translate", json={"text": ["one", "two"]})

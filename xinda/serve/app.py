@@ -23,6 +23,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
+from starlette.routing import Route
 
 from xinda import __version__
 from xinda.apps.generate import PoemPrompt, first_line_characters
@@ -31,7 +32,7 @@ from xinda.errors import XindaError
 from xinda.serve import tasks
 from xinda.serve.errors import ApiError, install_error_handlers
 from xinda.serve.metrics import Metrics
-from xinda.serve.middleware import RequestGuard
+from xinda.serve.middleware import CLIENT_GONE, RequestGuard
 from xinda.serve.models import ServedModel, load_models
 from xinda.serve.schemas import (
     Constraints,
@@ -137,21 +138,22 @@ class Service:
                            f"tokens), over the limit of {limit:,}: ask for attention with "
                            "fewer or shorter texts, or lower n_best, samples or exact_length")
 
-    async def run(self, model: ServedModel, kind: str, options: dict, inputs: Sequence[Any],
-                  alone: bool = False) -> list:
+    async def run(self, request: Request, model: ServedModel, kind: str, options: dict,
+                  inputs: Sequence[Any], alone: bool = False) -> list:
         """Queue a job for ``model``'s worker and wait for its results (one per input); with
-        ``alone`` the job is batched with no other request."""
+        ``alone`` the job is batched with no other request. The job is abandoned when the
+        request times out or its client disconnects."""
         # measuring tokenises every text (Moses, jieba): not on the event loop
         await asyncio.to_thread(self.check_work, model, kind, options, inputs)
         key = (kind, json.dumps(options, sort_keys=True)) + ((object(),) if alone else ())
         job = Job(kind, key, options, list(inputs))
         try:
-            future = self.workers[model.name].submit(job)
+            self.workers[model.name].submit(job)
         except queue.Full:
             raise ApiError(429, "queue_full", f"model {model.name!r} is busy: retry later",
                            {"Retry-After": str(self.settings.retry_after_s)}) from None
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.settings.timeout_s)
+            return await asyncio.wait_for(results(job, request), self.settings.timeout_s)
         except asyncio.TimeoutError:
             job.abandon()
             raise ApiError(408, "timeout", f"no result within {self.settings.timeout_s:g} s"
@@ -161,6 +163,29 @@ class Service:
         except Exception as err:  # noqa: BLE001 - a job's failure is its request's error
             log.error("xinda serve: %s job failed: %r", kind, err)
             raise ApiError(500, "internal", f"decoding failed: {type(err).__name__}") from None
+
+
+async def results(job: Job, request: Request) -> list:
+    """The job's results, or a 499 "client_gone" (and the job abandoned) once the request's
+    client disconnects first: nobody reads its answer."""
+    answer = asyncio.wrap_future(job.future)
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also on the timeout's cancellation
+        gone.cancel()
+        if not answer.done():
+            answer.cancel()  # cancels the job if it still waits; else its outcome is dropped
+    if answer.done() and not answer.cancelled():
+        return answer.result()
+    job.abandon()
+    raise ApiError(CLIENT_GONE, "client_gone", "the client disconnected before its answer")
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the request's client has disconnected (its body was read before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def check_unicode(request: BaseModel) -> None:
@@ -191,7 +216,7 @@ def routes(svc: Service) -> APIRouter:
     api = APIRouter(dependencies=[Depends(svc.authorize)], responses=ERRORS)
 
     @api.post("/v1/translate", response_model=TranslateResponse)
-    async def translate(req: TranslateRequest) -> JSONResponse:
+    async def translate(req: TranslateRequest, request: Request) -> JSONResponse:
         """Translate one text or a list; decoding controls and constraints are xinda's."""
         check_unicode(req)
         model, texts = svc.model(req.model), svc.texts(req.text)
@@ -204,18 +229,19 @@ def routes(svc: Service) -> APIRouter:
         decode, sampling = decode_options(model, req)
         options = {"decode": decode, "attention": req.attention,
                    "constraints": constraints.model_dump(exclude={"prefix"})}
-        results = await svc.run(model, "translate", options, list(zip(texts, prefixes)),
+        outputs = await svc.run(request, model, "translate", options,
+                                list(zip(texts, prefixes)),
                                 alone=sampling)  # a seed's samples depend on the batch
 
         def response() -> JSONResponse:  # attention weights make large bodies: off the loop
             return JSONResponse({"model": model.name, "translations": [
                 tasks.translation_json(text, nbest, req.attention)
-                for text, nbest in zip(texts, results)]})
+                for text, nbest in zip(texts, outputs)]})
 
         return await asyncio.to_thread(response)
 
     @api.post("/v1/couplet", response_model=CoupletResponse)
-    async def couplet(req: CoupletRequest) -> JSONResponse:
+    async def couplet(req: CoupletRequest, request: Request) -> JSONResponse:
         """Second lines (下联) for first lines (上联), with a couplet model."""
         check_unicode(req)
         model, texts = svc.model(req.model, "couplet"), svc.texts(req.text)
@@ -224,12 +250,12 @@ def routes(svc: Service) -> APIRouter:
                 raise ApiError(422, "invalid_request", f"text[{i}]: empty (or invisible "
                                "characters only): a couplet needs a first line")
         options = {"nbest": req.n_best, "no_copy": req.no_copy, "tone": req.tone}
-        results = await svc.run(model, "couplet", given(options), texts)
+        outputs = await svc.run(request, model, "couplet", given(options), texts)
         return JSONResponse({"model": model.name, "couplets": [
-            tasks.couplet_json(text, outputs) for text, outputs in zip(texts, results)]})
+            tasks.couplet_json(text, lines) for text, lines in zip(texts, outputs)]})
 
     @api.post("/v1/poem", response_model=PoemResponse)
-    async def poem(req: PoemRequest) -> JSONResponse:
+    async def poem(req: PoemRequest, request: Request) -> JSONResponse:
         """A quatrain from keywords (or one line per acrostic character), with a poetry
         model."""
         check_unicode(req)
@@ -238,7 +264,7 @@ def routes(svc: Service) -> APIRouter:
         svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)
         prompt.check("poem")
         options = given({"nbest": req.n_best, "rhyme": req.rhyme})
-        [outputs] = await svc.run(model, "poem", options, [prompt])
+        [outputs] = await svc.run(request, model, "poem", options, [prompt])
         poems, error = tasks.poem_json(outputs)
         return JSONResponse({"model": model.name, "poems": poems, "error": error})
 
@@ -291,8 +317,17 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", "Authorization", "X-API-Key"])
-    app.mount("/", StaticFiles(directory=STATIC, html=True), name="static")
+    add_page(app)
     return app
+
+
+def add_page(app: FastAPI) -> None:
+    """The web page's files, each a GET route of its own: a catch-all mount at / would answer
+    a wrong method on an API path (GET /v1/translate) with its 404 instead of the API's 405."""
+    files = StaticFiles(directory=STATIC, html=True)
+    for path in sorted(STATIC.iterdir()):
+        route = "/" if path.name == "index.html" else f"/{path.name}"
+        app.router.routes.append(Route(route, files, methods=["GET"], include_in_schema=False))
 
 
 def run_server(model_dirs: Sequence[Path], settings: ServeSettings, device: str = "cpu",

@@ -1,10 +1,9 @@
 """Refusals as JSON: ``{"error": {"code": ..., "message": ...}}`` with a 4xx status, for every
 way a request can go wrong (the app's own ``ApiError``, FastAPI's validation, Starlette's 404 and
-405, a library ``XindaError``); anything else is a 500 of the same shape, never a crash."""
+405, a library ``XindaError``); anything else becomes a 500 of the same shape in
+``middleware.RequestGuard``, never a crash."""
 
 from __future__ import annotations
-
-import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,7 +12,6 @@ from starlette.exceptions import HTTPException
 
 from xinda.errors import XindaError
 
-log = logging.getLogger("xinda")
 MAX_MESSAGE = 300  # characters of an error message
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # pydantic's union member names
@@ -92,8 +90,3 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(XindaError)
     async def library_error(_: Request, err: XindaError) -> JSONResponse:
         return error_response(422, "invalid_request", str(err))
-
-    @app.exception_handler(Exception)
-    async def internal(_: Request, err: Exception) -> JSONResponse:
-        log.exception("xinda serve: internal error")
-        return error_response(500, "internal", f"internal error: {type(err).__name__}")

@@ -40,8 +40,8 @@ class Metrics:
                                          "batch", ["model"], buckets=SIZE_BUCKETS, registry=reg)
         self.sentences = Counter("xinda_sentences", "sentences decoded", ["model"], registry=reg)
         self.stopped_batches = Counter("xinda_stopped_batches", "batches whose decoding "
-                                       "stopped because all their requests timed out",
-                                       ["model"], registry=reg)
+                                       "stopped because all their requests timed out or "
+                                       "disconnected", ["model"], registry=reg)
         self.sentences_per_second = Gauge("xinda_sentences_per_second", "decoding throughput "
                                           "of the model's last batch", ["model"], registry=reg)
 

@@ -1,9 +1,11 @@
-"""ASGI middleware in front of the app: request metrics, and the body checks that must happen
+"""ASGI middleware in front of the app: request metrics, the body checks that must happen
 before FastAPI reads the body (a body over ``max_body_bytes`` is a 413 without being read whole;
-a body that is not declared JSON is a 415, one that is not UTF-8 a 400)."""
+a body that is not declared JSON is a 415, one that is not UTF-8 a 400), and the 500 of an
+unexpected exception (here, inside the CORS middleware, so that it carries CORS headers too)."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -12,12 +14,14 @@ from xinda.serve.errors import error_response
 from xinda.serve.metrics import Metrics
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
-CLIENT_GONE = 499  # the metrics' status of a request whose client left before its body came
+CLIENT_GONE = 499  # the status of a request whose client left before its answer (nginx's)
+log = logging.getLogger("xinda")
 
 
 class RequestGuard:
-    """Counts and times every HTTP request, and refuses bodies that are too large, not sent
-    as JSON or not UTF-8 with the JSON error shape."""
+    """Counts and times every HTTP request, refuses bodies that are too large, not sent as JSON
+    or not UTF-8, and answers an unexpected exception with a 500, all in the JSON error
+    shape."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int):
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
@@ -26,7 +30,7 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        start, status = time.perf_counter(), [500]
+        start, status = time.perf_counter(), [0]  # 0: no response started yet
 
         async def send_status(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -40,9 +44,15 @@ class RequestGuard:
                     status[0] = CLIENT_GONE
             else:
                 await self.app(scope, receive, send_status)
+        except Exception as err:
+            if status[0]:  # the response has started: nothing else can be sent
+                raise
+            log.exception("xinda serve: internal error")
+            await error_response(500, "internal", f"internal error: {type(err).__name__}")(
+                scope, receive, send_status)
         finally:
             self.metrics.in_flight.dec()
-            self.metrics.request(scope["path"], status[0], time.perf_counter() - start)
+            self.metrics.request(scope["path"], status[0] or 500, time.perf_counter() - start)
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Read the body (at most ``max_body_bytes``), check it, hand it on; False when the

@@ -5,9 +5,9 @@ more jobs with the same ``key`` (the same task and decode options) for up to ``m
 until ``max_batch_requests`` jobs or ``batch_tokens`` source tokens; jobs with other keys wait
 in a backlog, first in line for the next batch. One library call decodes the batch's inputs
 together and each job's future gets its own slice of the results; once every request of a
-batch has given up (timed out), its search stops at the next decoder step. A batch that fails is
-retried job by job, so that one bad job fails alone; an exception is a job's error, never the
-end of the thread.
+batch has given up (timed out or disconnected), its search stops at the next decoder step. A
+batch that fails is retried job by job, so that one bad job fails alone; an exception is a
+job's error, never the end of the thread.
 """
 
 from __future__ import annotations
