@@ -52,6 +52,25 @@ def test_a_directory_as_the_config_or_the_sentencepiece_model(tmp_path):
     assert message.startswith(f"{tmp_path}: is a directory")
 
 
+@pytest.mark.parametrize("content", [b"", b"\x1a\x00", b"not a model"])
+def test_a_bad_sentencepiece_model_is_refused_before_the_corpus_is_read(tmp_path, content):
+    """Before: an empty file passed the check and crashed later with a traceback, and any
+    bad model was only looked at after a pass over the whole training corpus."""
+    model = tmp_path / "spm.model"
+    model.write_bytes(content)
+    short = corpus(tmp_path, "train", lines(50), lines(49, 1))  # misaligned: read, it fails
+    message = error(prepare, config(tmp_path, train=short, spm_model=str(model)))
+    assert message == f"{model}: not a valid sentencepiece model (data.spm_model)"
+    assert not (tmp_path / "bin").exists()
+
+
+def test_a_character_coverage_sentencepiece_refuses_is_a_config_error():
+    """Before: accepted, and sentencepiece refused it after a pass over the whole corpus."""
+    assert "data.character_coverage: Input should be greater than or equal to 0.98" in error(
+        load_config, None, ["data.character_coverage=0.9"])
+    assert load_config(None, ["data.character_coverage=0.9995"]).data.character_coverage == 0.9995
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("prepared")

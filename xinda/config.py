@@ -46,7 +46,7 @@ class DataConfig(Strict):
     subword: Literal["bpe", "unigram"] = "bpe"  # sentencepiece model type
     vocab_size: int = Field(8000, ge=16)  # per model (joint: one model for both sides)
     joint_vocab: bool = True  # one shared sentencepiece model (enables tied embeddings)
-    character_coverage: float = Field(1.0, gt=0, le=1)
+    character_coverage: float = Field(1.0, ge=0.98, le=1)  # sentencepiece's range
     spm_model: str | None = None  # reuse an existing (joint) sentencepiece model instead
     max_len: int = Field(250, ge=1)  # drop training pairs with more subword tokens on a side
     long_pairs: Literal["drop", "truncate"] = "drop"  # or cut a side over max_len to max_len

@@ -244,6 +244,18 @@ def test_small_corpus_warns_about_vocab_size(tmp_path):
     assert saved["vocab_sizes"] == {"src": n, "tgt": n}
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_sentencepiece_sample_holds_only_pairs_that_are_kept(tmp_path, seed):
+    """Before: pairs with an empty side took sample slots, and at seeds 1 and 3 the sample of
+    2 held no target line, so training the target's model failed on a usable corpus."""
+    src = lines(40)
+    tgt = [line if i % 4 == 0 else "" for i, line in enumerate(lines(40, 1))]  # 10 usable
+    cfg = config(tmp_path, train=corpus(tmp_path, "train", src, tgt), joint_vocab=False,
+                 spm_sample=2, seed=seed)
+    manifest = prepare(cfg, log=lambda _: None)
+    assert manifest["splits"]["train"]["pairs"] == 10
+
+
 def test_separate_vocabularies_warn_per_model(tmp_path):
     prefix = corpus(tmp_path, "train", lines(300), lines(300, 1))
     logged: list[str] = []

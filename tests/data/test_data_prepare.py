@@ -163,16 +163,19 @@ def test_filter_report_counts(tmp_path, capsys):
 
 def test_long_pairs_truncated_not_dropped(tmp_path, capsys):
     """With long_pairs: truncate, the long pair is kept with its long side cut to max_len
-    pieces (the first pieces of the full encoding), and the cut is counted per side."""
+    pieces (the first pieces of the full encoding), and the cut is counted per side among the
+    kept pairs (before: its duplicate, dropped, was counted too)."""
     pairs = make_pairs(200, seed=5)
     long_en = " ".join(["the big red cat"] * 12) + "."
     valid = [("Dog.", "Hund."), (long_en, "Katze.")]
-    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", [*pairs, (long_en, "Katze.")]),
+    train = [*pairs, (long_en, "Katze."), (long_en, "Katze.")]
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", train),
                  valid=write_corpus(tmp_path / "valid", valid), max_len=40,
                  max_len_ratio=100.0, long_pairs="truncate")
     manifest = prepare(cfg)
     report = manifest["filter_report"]
     assert report["kept"] == 201 and report["dropped"]["too_long"] == 0
+    assert report["dropped"]["duplicate"] == 1
     assert report["truncated"] == {"src": 1, "tgt": 0}
     assert manifest["splits"]["valid"]["truncated"] == {"src": 1, "tgt": 0}
     vocabs = load_vocabularies(cfg.out_dir)

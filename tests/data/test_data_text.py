@@ -19,6 +19,10 @@ from xinda.data.text import SPACE_MARK, TextPipeline
         ("en", "Time: 10 minutes, score 2: 1."),
         ("de", "Wie geht's? Peter's Auto kommt um 10:30 Uhr."),
         ("de", "Sie sagte 'ja' und ging."),
+        # the typographic apostrophe; before: "geht ’ s", "It ’ s", "hab ’ es", "l ’ homme"
+        ("de", "Wie geht’s dir? Ich hab’ es um 10:30 gesehen."),
+        ("en", "It’s the boys’ car, isn’t it? ‘Rock’n’roll’, he said."),
+        ("fr", "L’homme d’État arrive."),
     ],
 )
 def test_moses_round_trip(lang, line):
@@ -99,3 +103,13 @@ def test_rejects_unknown_settings():
         TextPipeline("NFKC", False, "spacy", "en")
     with pytest.raises(ValueError, match="normalize"):
         TextPipeline("NFD", False, "none", "en")
+
+
+@pytest.mark.parametrize("invisible", ["\u00ad", "\u200b", "\ufeff"])
+def test_an_invisible_character_does_not_keep_an_accent_from_composing(invisible):
+    """Before: it was dropped after normalising, leaving "e" + U+0301 where NFKC gives "é"."""
+    import unicodedata
+
+    for form in ("NFC", "NFKC"):
+        cleaned = TextPipeline(form, False, "none", "fr").clean(f"cafe{invisible}\u0301  noir")
+        assert cleaned == "caf\u00e9 noir" and unicodedata.is_normalized(form, cleaned)

@@ -71,7 +71,8 @@ def reference(cfg, pairs) -> dict:
              ((cfg.pretok_src, cfg.src_lang), (cfg.pretok_tgt, cfg.tgt_lang))]
     text = [["" if c else pipe.preprocess(x) for x, c in zip(lines, control)]
             for pipe, lines in zip(pipes, raw)]
-    model = train_spm([x for side in text for x in side if x], cfg)
+    usable = [i for i, (s, t) in enumerate(zip(*text)) if s and t]  # both sides non-empty
+    model = train_spm([side[i] for side in text for i in usable], cfg)
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_proto=model)

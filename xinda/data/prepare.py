@@ -79,6 +79,7 @@ from xinda.utils import (
     atomic_write_text,
     check_writable,
     has_control_chars,
+    os_errors_named,
     replace_control_chars,
     write_errors,
 )
@@ -129,7 +130,8 @@ def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
             sentence_iterator=iter(lines), model_writer=model,
             model_type=cfg.subword, vocab_size=cfg.vocab_size, hard_vocab_limit=False,
             character_coverage=cfg.character_coverage, **SPECIAL_IDS,
-            input_sentence_size=2_000_000, shuffle_input_sentence=True, num_threads=2,
+            input_sentence_size=0,  # all the lines given: data.spm_sample sampled them
+            num_threads=2,
             normalization_rule_name="identity",  # TextPipeline already normalised the text
             minloglevel=2,
         )
@@ -143,24 +145,28 @@ def _write_model(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def _copy_spm_model(src: str, out_dir: Path) -> None:
+def read_spm_model(src: str) -> bytes:
+    """The bytes of the sentencepiece model ``data.spm_model``, checked to load."""
     path = Path(src)
     if path.is_dir():
         raise XindaError(f"{path}: is a directory, not a sentencepiece model (data.spm_model)")
     if not path.is_file():
         raise XindaError(f"{path}: sentencepiece model not found (data.spm_model)")
-    data = path.read_bytes()
-    try:
-        spm.SentencePieceProcessor(model_proto=data)
+    with os_errors_named(path, "cannot read"):
+        data = path.read_bytes()
+    try:  # (the model_proto= argument skips empty bytes without a word)
+        spm.SentencePieceProcessor().LoadFromSerializedProto(data)
     except RuntimeError:
         raise XindaError(f"{path}: not a valid sentencepiece model (data.spm_model)") from None
-    _write_model(out_dir / "spm.model", data)
+    return data
 
 
-def build_spm(cfg: DataConfig, out_dir: Path, train_text: Pair) -> dict[str, str]:
-    """Copy or train the sentencepiece model(s); return side -> file name in ``out_dir``."""
-    if cfg.spm_model:
-        _copy_spm_model(cfg.spm_model, out_dir)
+def build_spm(cfg: DataConfig, out_dir: Path, train_text: Pair,
+              given: bytes | None = None) -> dict[str, str]:
+    """Write the ``given`` sentencepiece model or train the model(s); return side -> file name
+    in ``out_dir``."""
+    if given is not None:
+        _write_model(out_dir / "spm.model", given)
         return {"src": "spm.model", "tgt": "spm.model"}
     if cfg.joint_vocab:
         lines = [line for side in train_text for line in side if line]
@@ -257,16 +263,17 @@ def _dataset_files(out_dir: Path) -> set[str]:
     return {name for name in names if isinstance(name, str) and Path(name).name == name}
 
 
-def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], stage: Path
-                   ) -> tuple[dict[str, str], dict, dict]:
-    """Stream the training corpus: sentencepiece model(s), then arrays, into ``stage``.
-    Returns the model files, the split's stats and the filter report."""
+def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], stage: Path,
+                   spm_model: bytes | None) -> tuple[dict[str, str], dict, dict]:
+    """Stream the training corpus: sentencepiece model(s) (``spm_model`` when given), then
+    arrays, into ``stage``. Returns the model files, the split's stats and the filter
+    report."""
     files = corpus_files(cfg.train, cfg.src_lang, cfg.tgt_lang)
     with worker_pool(cfg.workers) as pool, \
             tempfile.TemporaryDirectory(prefix=".spool-", dir=stage) as tmp:
         spool = spool_train(files, cfg, (pipes["src"], pipes["tgt"]), pool,
                             Path(tmp) / "train.pkl")
-        spm_files = build_spm(cfg, stage, spool.sample)
+        spm_files = build_spm(cfg, stage, spool.sample, spm_model)
         spool.sample = ([], [])
         models = (str(stage / spm_files["src"]), str(stage / spm_files["tgt"]))
         stats, report = binarise_train(spool, models, cfg, stage, pool)
@@ -274,9 +281,11 @@ def _prepare_train(cfg: DataConfig, pipes: dict[str, TextPipeline], stage: Path
 
 
 def _build(cfg: DataConfig, pipes: dict[str, TextPipeline], raw: dict[str, Pair],
-           cleaned: dict[str, int], stage: Path, log: Callable[[str], None]) -> dict:
-    """Write the whole dataset into ``stage``; return its manifest."""
-    spm_files, train_stats, filter_report = _prepare_train(cfg, pipes, stage)
+           cleaned: dict[str, int], stage: Path, log: Callable[[str], None],
+           spm_model: bytes | None = None) -> dict:
+    """Write the whole dataset into ``stage`` (with the sentencepiece model ``spm_model`` when
+    given); return its manifest."""
+    spm_files, train_stats, filter_report = _prepare_train(cfg, pipes, stage, spm_model)
     vocabs = {side: Vocab(stage / spm_files[side]) for side in SIDES}
     vocab_sizes = _check_vocab_sizes(cfg, spm_files, vocabs, log)
     log(format_report("train", filter_report))
@@ -308,12 +317,13 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
     prefixes = _split_prefixes(cfg)
     for prefix in prefixes.values():  # a missing file fails at once
         corpus_files(prefix, cfg.src_lang, cfg.tgt_lang)
+    spm_model = read_spm_model(cfg.spm_model) if cfg.spm_model else None  # so does a bad model
     raw, cleaned = {}, {}
     for split in list(prefixes)[1:]:  # valid and test sets: small, read whole
         raw[split], cleaned[split] = clean_control(
             read_parallel(prefixes[split], cfg.src_lang, cfg.tgt_lang))
     out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg)
     with _staging_dir(out_dir) as stage:  # out_dir keeps its dataset until the new one is whole
-        manifest = _build(cfg, pipes, raw, cleaned, stage, log)
+        manifest = _build(cfg, pipes, raw, cleaned, stage, log, spm_model)
         _publish(stage, out_dir)
     return manifest

@@ -28,6 +28,9 @@ _OPENING = "([{"
 # clitics ("geht's" would come back as "geht 's", read as an opening quote).
 _MOSES_KEEP_TIMES = r"\d+:\d+"
 _MOSES_KEEP_CLITICS = r"(?<![\w'])[^\W\d_]+'(?:s|t|d|m|ll|re|ve)\b"
+# The typographic apostrophe and single quotes, which no sacremoses rule knows, stay on the
+# letters they touch ("geht’s", "l’homme", "hab’", "‘Hello’" would come back as "geht ’ s"...).
+_MOSES_KEEP_CURLY = r"[‘’][^\W\d_]+(?:’[^\W\d_]*)*|[^\W\d_]+(?:’[^\W\d_]*)+"
 _MOSES_APOSTROPHE_LANGS = ("en", "fr", "it")
 
 
@@ -41,8 +44,8 @@ def _moses_tokenizer(lang: str):
 @cache
 def _moses_protected(lang: str) -> tuple[str, ...]:
     if lang in _MOSES_APOSTROPHE_LANGS:
-        return (_MOSES_KEEP_TIMES,)
-    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS)
+        return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CURLY)
+    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY)
 
 
 @cache
@@ -120,11 +123,12 @@ class TextPipeline:
         """Normalisation, lowercasing, control characters to spaces (as ``xinda prepare`` does
         to valid/test lines), display-only format characters (BOM, zero-width space,
         bidirectional marks) dropped and whitespace collapsed (no tokenisation)."""
-        if self.normalize != "none":
+        line = visible_text(line)  # first: a dropped soft hyphen between a letter and its
+        if self.normalize != "none":  # accent would keep them from composing
             line = unicodedata.normalize(self.normalize, line)
         if self.lowercase:
             line = line.lower()
-        return visible_text(line)
+        return " ".join(line.split())  # normalising can make spaces (NFKC: U+3000)
 
     def preprocess(self, line: str) -> str:
         """Raw line -> cleaned, pre-tokenised text ready for sentencepiece."""

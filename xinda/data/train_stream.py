@@ -126,8 +126,8 @@ def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipelin
             spool.pairs += len(chunk.control)
             spool.control += int(chunk.control.sum())
             for s, t in zip(*chunk.text):
-                spool.usable += bool(s and t)
-                if s or t:
+                if s and t:  # a pair with an empty side is dropped: no sample slot for it
+                    spool.usable += 1
                     reservoir.add((s, t))
     sample = reservoir.items()
     spool.sample = ([s for s, _ in sample], [t for _, t in sample])
@@ -190,11 +190,12 @@ def binarise_train(spool: Spool, models: tuple[str, str], cfg: DataConfig, out_d
     work = partial(encode_chunk, models, str(spool.path))
     with array_writers(out_dir, "train") as append:
         for src, tgt, control, keys in ordered_map(work, spool.offsets, pool, 2 * cfg.workers):
+            long = {"src": src.lengths > cfg.max_len, "tgt": tgt.lengths > cfg.max_len}
             if cfg.long_pairs == "truncate":
-                (src, n_src), (tgt, n_tgt) = src.truncate(cfg.max_len), tgt.truncate(cfg.max_len)
-                cut["src"] += n_src
-                cut["tgt"] += n_tgt
+                src, tgt = src.truncate(cfg.max_len)[0], tgt.truncate(cfg.max_len)[0]
             keep, counts = filter_chunk(keys, src, tgt, cfg, control, seen)
+            for side in SIDES:  # the kept pairs that were cut
+                cut[side] += int((long[side] & keep).sum())
             for name, n in counts.items():
                 dropped[name] += n
             for side, arrays in zip(SIDES, (src.select(keep), tgt.select(keep))):
