@@ -71,6 +71,18 @@ def test_a_character_coverage_sentencepiece_refuses_is_a_config_error():
     assert load_config(None, ["data.character_coverage=0.9995"]).data.character_coverage == 0.9995
 
 
+def test_a_coverage_penalty_for_a_model_without_attention_is_refused_before_training():
+    """Before: accepted; the first validation BLEU raised the error, after a whole epoch of
+    training and before its checkpoint was saved."""
+    from xinda.cli import validated
+
+    rnn = ["model.arch=rnn", "decode.coverage=0.2"]
+    message = error(validated, load_config(None, [*rnn, "model.attention=none"]), "run.yaml")
+    assert message == ("run.yaml: decode.coverage: the coverage penalty needs a model that "
+                       "attends to the source; this one has model.attention none")
+    assert validated(load_config(None, rnn), "run.yaml").decode.coverage == 0.2
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("prepared")

@@ -170,6 +170,33 @@ def test_ban_source_copy_bans_every_source_token_past_the_configs_cut(translator
     assert set(ban.tokens[0]) == set(tr.source_ids(line, False)) - {tr.tgt_vocab.unk}
 
 
+def test_ban_source_copy_with_jieba_targets_bans_every_piece_with_a_source_character(
+        tmp_path, make_model):
+    """Before: only the source's own pieces (with and without "▁") were banned, so a jieba
+    model copied 风 from 春风 as the piece 风 or 风雨 (found by review); and a source's bare
+    "▁" piece banned the target's."""
+    rng = random.Random(0)
+    words = ["春风", "风雨", "明月", "江山", "秋月", "白云", "春天", "山水", "花", "鸟", "雪"]
+    lines = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(300)]
+    path = tmp_path / "spm.model"
+    path.write_bytes(train_spm(lines, DataConfig(vocab_size=40, train="words")))
+    text, vocab = TextPipeline("NFKC", False, "jieba", "zh"), Vocab(path)
+    vocabs = Vocabularies(text, text, vocab, vocab, True)
+    model = make_model(TRANSFORMER, vocab=vocabs.info, eos_bias=-2.0)
+    tr = Translator(model, ExperimentConfig.model_validate({"model": TRANSFORMER}), vocabs)
+    sources = ["春风明月", "江山秋月白云", "春天风雨"]
+    constraints = tr.constraints_for(sources, ban_source_copy=True)
+    pieces = [vocab.sp.id_to_piece(i) for i in range(vocab.pieces)]
+    [ban] = constraints
+    for source, banned in zip(sources, ban.tokens):
+        assert {pieces[i] for i in banned} == {p for p in pieces if set(p) & set(source)}
+    assert "\u2581" in pieces and vocab.sp.piece_to_id("\u2581") not in ban.tokens[1]
+    for source, nbest in zip(sources, tr.translate(sources, constraints=constraints, beam=4,
+                                                    nbest=4, max_len_a=1.0, max_len_b=2)):
+        for out in nbest:
+            assert not set(out.text) & set(source), (source, out.text)
+
+
 def test_a_prefix_the_target_vocabulary_cannot_write_is_refused(translator):
     """Before: its characters were forced as <unk> and the output began with ⁇⁇."""
     tr = translator(TRANSFORMER)
@@ -177,6 +204,8 @@ def test_a_prefix_the_target_vocabulary_cannot_write_is_refused(translator):
         tr.constraints_for(["a", "b"], prefixes=["house", "凤 house 龙"])
     with pytest.raises(XindaError, match="^prefix 1: 'foo' not in the target vocabulary"):
         tr.constraints_for(["a"], prefixes=["▁house foo"], input_format="pieces")
+    with pytest.raises(XindaError, match="^p.txt:2: '凤' not in"):  # xinda translate --prefix
+        tr.constraints_for(["a", "b"], prefixes=["", "凤"], prefix_file="p.txt")
     unk_piece = tr.tgt_vocab.ids_to_pieces([tr.tgt_vocab.unk])[0]
     [prefix] = tr.constraints_for(["a"], prefixes=[unk_piece], input_format="pieces")
     assert prefix.prefixes == [[tr.tgt_vocab.unk]]  # asked for by name

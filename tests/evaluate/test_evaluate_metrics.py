@@ -185,6 +185,18 @@ def test_japanese_references_are_scored_by_characters_by_default() -> None:
     assert "tok:zh" in chinese.signature  # Chinese (no kana) keeps zh
 
 
+def test_korean_keeps_word_level_scoring_by_default() -> None:
+    """Before: Hangul counted as unsegmented CJK, so Korean (spaces between words) got BLEU
+    "tok:zh", TER with Asian support, ROUGE over characters and length buckets in characters
+    (found by review)."""
+    hyps, refs = ["저는 학생입니다 지금", "오늘 날씨가 좋다"], ["저는 학생입니다", "오늘 날씨가 좋네요"]
+    bleu, ter = (corpus_scores(hyps, refs, metrics=(m,))[0] for m in ("bleu", "ter"))
+    assert "tok:13a" in bleu.signature and "asian:no" in ter.signature
+    assert ter.score == corpus_scores(hyps, refs, metrics=("ter",), tokenize="13a")[0].score
+    source = "안녕하세요 만나서 반갑습니다"  # 3 words, 13 characters
+    assert bleu_by_length([source], ["a"], ["a"])[0]["bucket"] == "1-10"
+
+
 def test_rouge_hand_computed_with_stemming_and_two_references() -> None:
     """ROUGE-1 F1, mean over sentences of the mean over references: 'cats' stems to 'cat'.
     Sentence 1: 5/6 vs ref 1, F(1/6, 1/2) = 1/4 vs ref 2; sentence 2: F(1, 1/2) = 2/3 and 0."""

@@ -64,6 +64,19 @@ def test_validation_decodes_by_beam_search_in_full_precision_whatever_decode_say
     assert validation_bleu(other)(model) == plain  # before: sampled, or beam 4, or int8
 
 
+@pytest.mark.parametrize("keep_heap", [True, False])
+def test_validation_leaves_the_heap_as_training_set_it(cfg, monkeypatch, keep_heap):
+    """Before: validation decoded with decode.keep_heap (true), which kept freed memory in
+    glibc's heap for the rest of a run that asked for train.keep_heap: false."""
+    calls = []
+    monkeypatch.setattr("xinda.decode.translator.keep_freed_heap", lambda: calls.append(1))
+    vocabs = load_vocabularies(cfg.data.out_dir)
+    model = build_model(cfg.model, vocabs.info)
+    run = cfg.model_copy(update={"train": cfg.train.model_copy(update={"keep_heap": keep_heap})})
+    validation_bleu(run)(model)
+    assert bool(calls) is keep_heap
+
+
 def test_none_when_no_validation_bleu_is_asked_for(cfg):
     for off in ({"valid_bleu": False}, {"run_validation": False}):
         assert validation_bleu(cfg.model_copy(update={"train": cfg.train.model_copy(

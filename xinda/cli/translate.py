@@ -78,8 +78,8 @@ def translate(
     no_repeat_ngram: Annotated[int, typer.Option(help="ban repeated n-grams (0 = off)")] = 0,
     ban: Annotated[str | None, typer.Option(help="comma-separated target pieces/words")] = None,
     ban_source_copy: Annotated[bool, typer.Option(
-        help="ban copying source pieces (with char or jieba targets: their characters, however "
-        "the output pieces them)")] = False,
+        help="ban copying source pieces (with char or jieba targets: their characters, in any "
+        "target piece)")] = False,
     exact_length: Annotated[int | None, typer.Option(help="output pieces per line")] = None,
     sampling: Annotated[bool | None, typer.Option(
         "--sampling/--no-sampling", help="sample instead of beam search (default: the "
@@ -108,7 +108,7 @@ def translate(
         raise XindaError("--attention-plot needs an attention model; this one has none")
     constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
                                              no_repeat_ngram, ban_source_copy, exact_length,
-                                             input_format)
+                                             input_format, prefix and str(prefix))
     search = {"beam": beam, "nbest": nbest, "coverage": coverage, "stop": stop}
     given = {"alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
              "max_len_b": max_len_b, "precision": precision, **search, **sampler}

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from xinda.checkpoint import default_weights, load_weights
 from xinda.config import DecodeConfig, ExperimentConfig, format_validation_error, load_config
 from xinda.data.manifest import Vocabularies, load_vocabularies
+from xinda.data.text import SPACE_MARK
 from xinda.data.vocab import WORD_START
 from xinda.decode.constraints import (
     BanSourceTokens,
@@ -220,12 +221,13 @@ class Translator:
     def constraints_for(self, lines: list[str], prefixes: list[str] | None = None,
                         ban: Sequence[str] = (), no_repeat_ngram: int = 0,
                         ban_source_copy: bool = False, exact_length: int | None = None,
-                        input_format: str = "text") -> list[Constraint]:
+                        input_format: str = "text", prefix_file: str | None = None
+                        ) -> list[Constraint]:
         """The constraints ``xinda translate`` offers, built for ``lines``: target
         ``prefixes`` (one per line, text through the target pipeline, or pieces with
-        input_format "pieces"; "" = none), ``ban`` (target pieces or words that are one
-        piece; blanks ignored), no repeated n-grams of that size (0: off), no copied source
-        tokens, an exact output length."""
+        input_format "pieces"; "" = none; errors name ``prefix_file``'s line when given),
+        ``ban`` (target pieces or words that are one piece; blanks ignored), no repeated
+        n-grams of that size (0: off), no copied source tokens, an exact output length."""
         check_format("input_format", input_format)
         if no_repeat_ngram < 0 or (exact_length or 0) < 0:
             raise XindaError("the n-gram size and exact length must be >= 0, got "
@@ -234,8 +236,10 @@ class Translator:
         if prefixes is not None:
             if len(prefixes) != len(lines):
                 raise XindaError(f"{len(prefixes)} target prefixes for {len(lines)} lines")
-            out.append(TargetPrefix([self._prefix_ids(i, p, input_format == "pieces")
-                                     for i, p in enumerate(prefixes, start=1)]))
+            where = [f"{prefix_file}:{i}" if prefix_file else f"prefix {i}"
+                     for i in range(1, len(prefixes) + 1)]
+            out.append(TargetPrefix([self._prefix_ids(w, p, input_format == "pieces")
+                                     for w, p in zip(where, prefixes)]))
         if words := [w.strip() for w in ban if w.strip()]:
             out.append(BanTokens([i for word in words for i in self.target_tokens(word)]))
         if no_repeat_ngram:
@@ -254,7 +258,7 @@ class Translator:
             out.append(ExactLength([exact_length] * len(lines)))
         return out
 
-    def _prefix_ids(self, number: int, prefix: str, pieces_in: bool) -> list[int]:
+    def _prefix_ids(self, where: str, prefix: str, pieces_in: bool) -> list[int]:
         """A target prefix's ids; one the target vocabulary cannot write (it would force
         ``<unk>`` where it was not asked for by name) is a XindaError naming what it lacks."""
         ids, unk = self.encode_target(prefix, pieces_in), self.tgt_vocab.unk
@@ -264,7 +268,7 @@ class Translator:
         parts = prefix.split() if pieces_in else list(dict.fromkeys(prefix.replace(" ", "")))
         unknown = [p for p in parts if p != named and unk in self.encode_target(p, pieces_in)]
         if unknown:
-            raise XindaError(f"prefix {number}: {' '.join(unknown)!r} not in the target "
+            raise XindaError(f"{where}: {' '.join(unknown)!r} not in the target "
                              "vocabulary (the output would start with <unk>)")
         return ids
 
@@ -290,15 +294,25 @@ class Translator:
         return sorted(ids)
 
     def copy_ids(self, source_pieces: Sequence[str]) -> list[int]:
-        """The target ids that would copy ``source_pieces``: each piece itself and, where the
-        target's detokenisation drops the spaces between characters (char and jieba
-        pre-tokenisation), the same text with and without the word-start mark "▁"."""
-        pieces = set(source_pieces)
+        """The target ids that would copy ``source_pieces``: each piece itself or, where the
+        target is written in characters (char and jieba pre-tokenisation: detokenising drops
+        the spaces between them), every target piece holding one of their characters."""
         if self.tgt_text.pretok in ("char", "jieba"):
-            bare = {piece.removeprefix(WORD_START) for piece in pieces}
-            pieces |= bare | {WORD_START + piece for piece in bare}
-        unk = self.tgt_vocab.unk
-        return sorted({i for i in self.tgt_vocab.pieces_to_ids(sorted(pieces)) if i != unk})
+            chars = set("".join(source_pieces)) - {WORD_START, SPACE_MARK}
+            ids = {i for char in chars for i in self._pieces_with_character.get(char, ())}
+        else:
+            ids = set(self.tgt_vocab.pieces_to_ids(sorted(set(source_pieces))))
+        return sorted(ids - {self.tgt_vocab.unk})
+
+    @functools.cached_property
+    def _pieces_with_character(self) -> dict[str, list[int]]:
+        """Character -> the target pieces that write it (specials and "▁" aside)."""
+        sp, index = self.tgt_vocab.sp, {}
+        for i in range(self.tgt_vocab.pieces):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                for char in set(sp.id_to_piece(i)) - {WORD_START}:
+                    index.setdefault(char, []).append(i)
+        return index
 
     def _source_pieces(self, src_ids: list[int] | None) -> list[str]:
         return self.src_vocab.ids_to_pieces(src_ids[:-1]) if src_ids else []

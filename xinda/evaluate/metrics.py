@@ -195,20 +195,31 @@ _CJK_RANGES = (
 )
 
 
+# Hangul: CJK for fonts, but Korean writes spaces between words (13a and words suit it).
+_HANGUL_RANGES = ((0x1100, 0x11FF), (0x3130, 0x318F), (0xAC00, 0xD7AF))
+
+
 def is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
+def is_unsegmented(ch: str) -> bool:
+    """A CJK character of a script written without spaces between words (not Hangul)."""
+    cp = ord(ch)
+    return is_cjk(ch) and not any(lo <= cp <= hi for lo, hi in _HANGUL_RANGES)
+
+
 def cjk_script(lines: Sequence[str]) -> Literal["ja", "zh"] | None:
-    """For lines whose non-space characters are more than half CJK: "ja" when at least a tenth
-    of those CJK characters are kana, else "zh"; None for other lines (one pass)."""
+    """For lines whose non-space characters are more than half CJK of a script without spaces
+    between words (Korean is not): "ja" when at least a tenth of those CJK characters are
+    kana, else "zh"; None for other lines (one pass)."""
     total = cjk = kana = 0
     for line in lines:
         for ch in line:
             if not ch.isspace():
                 total += 1
-                if is_cjk(ch):
+                if is_unsegmented(ch):
                     cjk += 1
                     kana += 0x3041 <= ord(ch) <= 0x30FF or 0x31F0 <= ord(ch) <= 0x31FF
     if not (total and cjk * 2 > total):

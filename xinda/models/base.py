@@ -29,6 +29,11 @@ class ModelConfig(Strict):
         """The model width d of the Noam schedule (Vaswani et al. 2017, eq. 3)."""
         raise NotImplementedError
 
+    @property
+    def has_attention(self) -> bool:
+        """Whether the model attends to the source (and can return those weights)."""
+        return True
+
 
 @dataclass
 class EncoderOut:

@@ -37,6 +37,10 @@ class RNNConfig(ModelConfig):
     def model_dim(self) -> int:
         return self.hidden_dim
 
+    @property
+    def has_attention(self) -> bool:
+        return self.attention != "none"
+
     def encoder_layout(self) -> list[tuple[int, int, bool]]:
         """(input width, output width, bidirectional) of each encoder layer."""
         layout, width = [], self.embed_dim

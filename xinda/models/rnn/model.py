@@ -30,7 +30,7 @@ class RNNModel(Seq2SeqModel):
 
     @property
     def has_attention(self) -> bool:
-        return self.cfg.attention != "none"
+        return self.cfg.has_attention
 
     def __init__(self, cfg: RNNConfig, vocab: VocabInfo):
         super().__init__()
