@@ -83,6 +83,15 @@ def test_a_coverage_penalty_for_a_model_without_attention_is_refused_before_trai
     assert validated(load_config(None, rnn), "run.yaml").decode.coverage == 0.2
 
 
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("train.eps", 0, "greater than 0"),  # before: NaN weights at update 1, "lower train.lr"
+    ("train.valid_beam", 1001, "less than or equal to 1000"),  # before: after a whole epoch
+    ("train.dist_timeout", 1e15, "less than or equal to"),  # before: a timedelta traceback
+])
+def test_training_settings_that_would_fail_later_are_refused_at_once(key, value, message):
+    assert f"{key}: Input should be {message}" in error(load_config, None, [f"{key}={value}"])
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("prepared")

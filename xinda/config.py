@@ -22,6 +22,7 @@ Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied b
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what numpy and sentencepiece accept
 Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam moment's decay
 MAX_ROWS = 1000  # beam, n-best, samples: decoder rows per sentence (memory grows with them)
+MAX_DIST_TIMEOUT = 10 * 365 * 86400.0  # seconds: ten years, "forever" (timedelta overflows)
 MAX_LENGTH = 1_000_000  # |max_len_b|: beyond any position table
 
 
@@ -84,7 +85,7 @@ class TrainConfig(Strict):
     # peak learning rate; for noam/noam_reset a scale: peak = lr * (d_model * warmup)^-0.5
     lr: float = Field(5e-4, gt=0)
     betas: tuple[Beta, Beta] = (0.9, 0.98)
-    eps: float = Field(1e-8, ge=0)
+    eps: float = Field(1e-8, gt=0)  # 0 would divide 0 by 0 where a gradient is 0
     momentum: float = Field(0.0, ge=0)  # SGD only
     weight_decay: float = Field(0.0, ge=0)
     # noam_reset: noam, restarted at its peak after each growth (`xinda grow`)
@@ -109,13 +110,13 @@ class TrainConfig(Strict):
     keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
     run_validation: bool = True  # validation loss (and BLEU) at each epoch end
     valid_bleu: bool = True
-    valid_beam: int = Field(1, ge=1)  # beam for validation BLEU (1 = greedy, fast)
+    valid_beam: int = Field(1, ge=1, le=MAX_ROWS)  # validation BLEU's beam (1: greedy)
     patience: int = Field(0, ge=0)  # early stopping: epochs without improvement; 0 = off
     log_every: int = Field(50, ge=1)  # updates between CSV log rows
     progress: bool = True  # tqdm progress bar
     # torchrun (xinda.train.distributed): seconds a rank waits for the others at a collective,
     # e.g. while rank 0 validates or saves, before it stops with "lost contact"
-    dist_timeout: float = Field(600.0, gt=0)
+    dist_timeout: float = Field(600.0, gt=0, le=MAX_DIST_TIMEOUT)
 
     @model_validator(mode="after")
     def _warmup_of_inverse_sqrt(self) -> TrainConfig:

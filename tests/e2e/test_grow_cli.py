@@ -111,6 +111,13 @@ def test_refusals(grown, xinda, one_line_error, tmp_path):
         grow_model_dir(shallow, 1, tmp_path / "y")
     with pytest.raises(XindaError, match="already holds checkpoints"):
         grow_model_dir(shallow, 2, shallow.parent / "shallow-2l")
+    served = tmp_path / "served"  # a model kept for serving, without its checkpoints: before,
+    served.mkdir()  # grow replaced its config.yaml, and its weights no longer loaded
+    (served / "config.yaml").write_text("kept")
+    (served / "best.safetensors").write_bytes(b"weights")
+    with pytest.raises(XindaError, match=r"holds trained weights \(best.safetensors\)"):
+        grow_model_dir(shallow, 2, served)
+    assert (served / "config.yaml").read_text() == "kept"
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.yaml").write_text((shallow / "config.yaml").read_text())

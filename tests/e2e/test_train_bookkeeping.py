@@ -63,6 +63,24 @@ def test_a_limit_on_an_epoch_s_last_update_ends_the_epoch_once(prepared, tmp_pat
     assert validated == [per_epoch, per_epoch + 3]
 
 
+def test_a_limit_s_validation_inside_an_epoch_does_not_move_early_stopping(
+        prepared, tmp_path, per_epoch, monkeypatch):
+    """Before: the validation of a run that max_steps stopped inside an epoch became the score
+    that early stopping compared with, so after --resume the run stopped an epoch before an
+    uninterrupted one (found by review). Here update 3 scores best, and every epoch's end
+    worse than the last: patience 1 stops after epoch 2 either way."""
+    def validate(trainer) -> dict:
+        loss = 1.0 if trainer.progress.step == 3 else 2.0 + trainer.progress.step / 100
+        return {"loss": loss, "nll": loss}
+    monkeypatch.setattr(Trainer, "validate", validate)
+    whole = run(prepared, tmp_path / "whole", patience=1, max_epochs=4)
+    assert whole.step == 2 * per_epoch
+    run(prepared, tmp_path / "parts", patience=1, max_epochs=4, max_steps=3)
+    parts = run(prepared, tmp_path / "parts", resume=True, patience=1, max_epochs=4)
+    assert parts.step == whole.step and parts.epoch_best == whole.epoch_best
+    assert parts.best == -1.0  # best.safetensors: the best weights validated, update 3's
+
+
 def test_resuming_a_finished_run_validates_nothing_again(prepared, tmp_path):
     """Before: each --resume of a run stopped inside an epoch added the same validation row."""
     run(prepared, tmp_path, max_steps=3)
@@ -89,6 +107,7 @@ def test_a_changed_validation_metric_starts_best_and_patience_over(prepared, tmp
 
 
 def test_checkpoints_saved_before_the_metric_was_recorded_get_it_from_the_score():
+    assert Progress(best=12.3).epoch_best == 12.3  # and early stopping compares with best
     assert Progress(best=12.3).best_metric == "bleu"
     assert Progress(best=-2.5).best_metric == "loss"
     assert Progress().best_metric == ""

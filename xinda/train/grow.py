@@ -28,6 +28,7 @@ from xinda.models.registry import build_model, resolve
 from xinda.models.transformer.grow import grow_encoder, grown_config
 from xinda.train.curves import CsvLog
 from xinda.train.progress import Progress
+from xinda.train.run_dir import trained_weights
 from xinda.utils import atomic_save, check_writable, write_errors
 
 log = logging.getLogger("xinda")
@@ -75,6 +76,9 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
         raise XindaError(f"--out {out}: must differ from the model directory")
     if ckpt.list_checkpoints(out):
         raise XindaError(f"{out}: already holds checkpoints; choose another --out")
+    if weights := trained_weights(out):  # a model kept without its checkpoints
+        raise XindaError(f"{out}: holds trained weights ({', '.join(weights)}); choose "
+                         "another --out")
     check_writable(out, folder=True)
 
     manifest = load_manifest(model_dir)
@@ -84,7 +88,7 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
     new = grow_encoder(old, build_model(new_cfg, vocab))
     state = ckpt.load_state(found[-1])
     progress = Progress(**state["progress"])
-    progress.best, progress.bad_epochs = -math.inf, 0
+    progress.reset_best()
     progress.lr_resets = [*progress.lr_resets, progress.step]
 
     with write_errors(out):

@@ -16,8 +16,12 @@ class Progress:
     tgt_tokens: int = 0  # target tokens trained on (incl. EOS), all ranks
     train_seconds: float = 0.0  # wall clock of the updates (and their checkpoints)
     wall_seconds: float = 0.0  # wall clock of the training loops, validation included
-    best: float = -math.inf  # best validation score (BLEU, or -loss)
+    best: float = -math.inf  # best validation score (BLEU, or -loss): best.safetensors'
     best_metric: str = ""  # what ``best`` measures: "bleu" or "loss"
+    # the best score of an epoch's end, which early stopping compares with (the validation
+    # of a run that a limit stopped inside an epoch may set ``best``, not this: a resumed run
+    # stops where an uninterrupted one would); None in checkpoints from before it: ``best``
+    epoch_best: float | None = None
     bad_epochs: int = 0  # epochs since the best one
     lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
     # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
@@ -27,3 +31,10 @@ class Progress:
     def __post_init__(self) -> None:
         if not self.best_metric and math.isfinite(self.best):  # saved before it was recorded
             self.best_metric = "bleu" if self.best >= 0 else "loss"
+        if self.epoch_best is None:
+            self.epoch_best = self.best
+
+    def reset_best(self) -> None:
+        """Forget the best scores and early stopping's count (the scores change meaning)."""
+        self.best = self.epoch_best = -math.inf
+        self.bad_epochs = 0

@@ -34,6 +34,11 @@ log = logging.getLogger("xinda")
 FIXED_TRAIN = ("seed", "max_tokens", "optimizer")  # (and the batches per update, below)
 
 
+def trained_weights(out: Path) -> list[str]:
+    """The files of a trained model's weights in ``out`` (checkpoints aside)."""
+    return [n for n in ("best.safetensors", "averaged.safetensors") if (out / n).is_file()]
+
+
 def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: Path,
                      manifest: dict) -> None:
     """Refuse to train into ``out`` what would overwrite or mix with another run."""
@@ -41,7 +46,7 @@ def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: P
     if found and not resume:
         raise XindaError(f"{out}: already holds checkpoints; use --resume to continue or "
                          "choose another train.out_dir")
-    weights = [n for n in ("best.safetensors", "averaged.safetensors") if (out / n).is_file()]
+    weights = trained_weights(out)
     if weights and not found:  # a new run would overwrite another run's weights
         raise XindaError(f"{out}: holds trained weights ({', '.join(weights)}) but no "
                          "checkpoint to continue from; choose another train.out_dir")

@@ -338,7 +338,8 @@ class Trainer:
         stopping triggers."""
         p, stop = self.progress, False
         if self.cfg.train.run_validation and self.has_valid and self.ranks.is_main:
-            improved = self.validate_and_keep_best()
+            score = self.validate_and_keep_best()
+            improved, p.epoch_best = score > p.epoch_best, max(score, p.epoch_best)
             p.bad_epochs = 0 if improved else p.bad_epochs + 1
             patience = self.cfg.train.patience
             if self.stopped_early():
@@ -349,7 +350,8 @@ class Trainer:
         self.save()
         return stop
 
-    def validate_and_keep_best(self) -> bool:
+    def validate_and_keep_best(self) -> float:
+        """Validate, log, keep best.safetensors; the score (BLEU, or -loss)."""
         scores = self.validate()
         p = self.progress
         self.csv.write(step=p.step, epoch=p.epoch, elapsed_s=p.train_seconds,
@@ -361,7 +363,7 @@ class Trainer:
         if p.best_metric and p.best_metric != metric:
             log.warning("validation now scores by %s, not %s: the best score and early "
                         "stopping's count start over", metric, p.best_metric)
-            p.best, p.bad_epochs = -math.inf, 0
+            p.reset_best()
         p.best_metric = metric
         log.info("valid after update %d: loss %.3f ppl %.2f%s", p.step, scores["loss"],
                  math.exp(min(scores["nll"], 50)),
@@ -369,8 +371,7 @@ class Trainer:
         if score > p.best:
             ckpt.save_weights(self.model, self.out / "best.safetensors")
             p.best = score
-            return True
-        return False
+        return score
 
     def validate(self) -> dict[str, float]:
         """Per-token validation loss/NLL and, with a ``valid_bleu`` scorer, BLEU."""
