@@ -256,6 +256,20 @@ def test_the_sentencepiece_sample_holds_only_pairs_that_are_kept(tmp_path, seed)
     assert manifest["splits"]["train"]["pairs"] == 10
 
 
+def test_a_full_disk_names_the_output(tmp_path, monkeypatch):
+    """Before: "xinda: error: No space left on device", naming nothing."""
+    import errno
+
+    from xinda.data import train_stream
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(train_stream.pickle, "dump", full)
+    cfg = config(tmp_path, train=corpus(tmp_path, "train", lines(50), lines(50, 1)))
+    assert prepare_error(cfg) == f"{cfg.out_dir}: No space left on device"
+    assert not (tmp_path / "bin").exists()
+
+
 def test_separate_vocabularies_warn_per_model(tmp_path):
     prefix = corpus(tmp_path, "train", lines(300), lines(300, 1))
     logged: list[str] = []

@@ -23,6 +23,8 @@ from xinda.data.text import SPACE_MARK, TextPipeline
         ("de", "Wie geht’s dir? Ich hab’ es um 10:30 gesehen."),
         ("en", "It’s the boys’ car, isn’t it? ‘Rock’n’roll’, he said."),
         ("fr", "L’homme d’État arrive."),
+        # before: "10:30: 45", "9:00 – 10:00", "1990 – 2000", "3: 2:1"
+        ("en", "It ran 10:30:45, open 9:00–10:00 in 1990–2000; votes 3:2:1."),
     ],
 )
 def test_moses_round_trip(lang, line):

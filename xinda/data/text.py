@@ -23,10 +23,11 @@ from xinda.utils import visible_text
 SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
 _CLOSING = ",;:!?.)]}%"
 _OPENING = "([{"
-# Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times and ratios
-# ("10:30" would come back as "10: 30") and, where sacremoses has no apostrophe rules,
-# clitics ("geht's" would come back as "geht 's", read as an opening quote).
-_MOSES_KEEP_TIMES = r"\d+:\d+"
+# Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times, ratios
+# and ranges ("10:30:45" would come back as "10:30: 45", "9:00–10:00" as "9:00 – 10:00")
+# and, where sacremoses has no apostrophe rules, clitics ("geht's" would come back as
+# "geht 's", read as an opening quote).
+_MOSES_KEEP_TIMES = r"\d+(?:[:–]\d+)+"
 _MOSES_KEEP_CLITICS = r"(?<![\w'])[^\W\d_]+'(?:s|t|d|m|ll|re|ve)\b"
 # The typographic apostrophe and single quotes, which no sacremoses rule knows, stay on the
 # letters they touch ("geht’s", "l’homme", "hab’", "‘Hello’" would come back as "geht ’ s"...).
