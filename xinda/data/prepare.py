@@ -323,8 +323,8 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
         raw[split], cleaned[split] = clean_control(
             read_parallel(prefixes[split], cfg.src_lang, cfg.tgt_lang))
     out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg)
-    with _staging_dir(out_dir) as stage:  # out_dir keeps its dataset until the new one is whole
-        with os_errors_named(out_dir):  # a full disk: the output named, not an anonymous errno
-            manifest = _build(cfg, pipes, raw, cleaned, stage, log, spm_model)
-            _publish(stage, out_dir)
+    # out_dir keeps its dataset until the new one is whole; a full disk names it
+    with _staging_dir(out_dir) as stage, os_errors_named(out_dir):
+        manifest = _build(cfg, pipes, raw, cleaned, stage, log, spm_model)
+        _publish(stage, out_dir)
     return manifest
