@@ -329,6 +329,23 @@ def test_rows_are_masked_together_as_one_by_one():
             assert together[row].tolist() == alone[0].tolist(), (tokens, s)
 
 
+def test_combining_marks_take_no_position_in_a_couplet(translator):
+    """Before: an accent or a variation selector counted as a character of its own, so a first
+    line showing two characters got a second line of three (found by review)."""
+    [[first], [second]] = write_couplets(translator, ["春\u0301风", "葛\U000E0100城"])
+    assert len(first.text) == len(second.text) == 2
+
+
+def test_a_prefix_with_a_space_the_vocabulary_cannot_write_is_refused(translator):
+    """Before: the space became "␣", which this vocabulary lacks, and the output began with
+    ⁇ (found by review)."""
+    assert translator.tgt_vocab.unk in translator.tgt_vocab.encode("\u2423")  # no "␣" piece
+    with pytest.raises(XindaError, match="^prefix 1: ' ' not in the target vocabulary"):
+        translator.constraints_for(["春风秋月"], prefixes=["春 风"])
+    [prefix] = translator.constraints_for(["春风秋月"], prefixes=["春风"])
+    assert translator.tgt_vocab.unk not in prefix.prefixes[0]
+
+
 def test_a_model_whose_targets_are_not_characters_is_refused(model_dir):
     """Before: the rules counted pieces as characters; a pretok 'none' model wrote second
     lines of the wrong length, with spaces and ⁇ in them, and no error."""

@@ -337,6 +337,27 @@ def test_the_default_work_limit(client):
     assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
 
 
+def test_a_wrong_method_or_path_is_405_or_404_whatever_its_body(client):
+    """Before: the body checks ran first, so a PUT with a text body was told to send JSON
+    (415) and only then got its 405 (found by review)."""
+    text = {"Content-Type": "text/plain"}
+    assert_error(client.put("/v1/translate", content=b"x", headers=text), 405,
+                 "method_not_allowed")
+    assert_error(client.post("/health", content=b"x", headers=text), 405, "method_not_allowed")
+    assert_error(client.post("/no/such/path", content=b"\xff", headers=text), 404, "not_found")
+    assert_error(client.post("/v1/translate", content=b"x", headers=text), 415,
+                 "unsupported_media_type")
+
+
+def test_poems_count_against_max_work(make_client):
+    """Before: a poem measured no work, so any acrostic and n_best was queued (found by
+    review). 16 lines of 5 characters and their marks: 2 x 96 + 1 = 193 steps per row."""
+    with make_client(("poetry",), max_work=2000) as client:
+        assert_error(post(client, "/v1/poem", acrostic="春" * 16, form=5, n_best=32), 422,
+                     "too_much_work", "6,176 decoder steps")
+        assert post(client, "/v1/poem", acrostic="春夏秋冬", form=5).status_code == 200
+
+
 def test_not_found_and_method_not_allowed_are_json(client):
     assert_error(client.get("/v1/nothing"), 404, "not_found")
     assert_error(client.get("/nothing.js"), 404, "not_found")
@@ -365,6 +386,16 @@ def test_the_pages_beam_and_n_best_stop_at_the_apis_limit(client):
     for name in ("beam", "n-best", "couplet-n-best", "poem-n-best"):
         field = re.search(rf'<input id="{name}"[^>]*>', page).group(0)
         assert f'max="{MAX_BEAM}"' in field, field
+
+
+def test_a_model_is_named_by_the_folder_as_given(served_model_dir, tmp_path, monkeypatch):
+    """Before: a symbolic link was followed to its target's name, so two models kept as
+    "model" folders could not be served together even through links."""
+    (tmp_path / "couplet").symlink_to(served_model_dir)
+    models = load_models([served_model_dir, tmp_path / "couplet"])
+    assert set(models) == {"numbers", "couplet"}
+    monkeypatch.chdir(served_model_dir)
+    assert set(load_models(["."])) == {"numbers"}
 
 
 def test_models_served_in_int8(served_model_dir, served_models):

@@ -51,10 +51,11 @@ def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[l
 
 
 def first_line_characters(line: str) -> str:
-    """``line`` without whitespace, control characters and invisible format characters
-    (a BOM, zero-width spaces): what takes a position in a couplet."""
+    """``line`` without whitespace, control characters, invisible format characters (a BOM,
+    zero-width spaces) and combining marks (accents, variation selectors): what takes a
+    position in a couplet."""
     return "".join(c for c in visible_text(line)
-                   if c != " " and unicodedata.category(c) != "Cf")
+                   if c != " " and unicodedata.category(c) not in ("Cf", "Mn", "Me"))
 
 
 def _check_characters(translator: Translator) -> None:

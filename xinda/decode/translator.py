@@ -267,6 +267,8 @@ class Translator:
         named = self.tgt_vocab.ids_to_pieces([unk])[0]
         parts = prefix.split() if pieces_in else list(dict.fromkeys(prefix.replace(" ", "")))
         unknown = [p for p in parts if p != named and unk in self.encode_target(p, pieces_in)]
+        if not unknown and not pieces_in:  # each character is known alone, not as written:
+            unknown = [" "] if " " in prefix.strip() else [prefix]  # (char targets: "␣")
         if unknown:
             raise XindaError(f"{where}: {' '.join(unknown)!r} not in the target "
                              "vocabulary (the output would start with <unk>)")

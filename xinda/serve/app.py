@@ -52,8 +52,8 @@ from xinda.utils import visible_text
 
 log = logging.getLogger("xinda")
 STATIC = Path(__file__).with_name("static")
-ENDPOINTS = {"/", "/health", "/metrics", "/docs", "/openapi.json", "/v1/models",
-             "/v1/translate", "/v1/couplet", "/v1/poem"}
+POSTS = frozenset({"/v1/translate", "/v1/couplet", "/v1/poem"})  # JSON bodies, checked
+ENDPOINTS = {"/", "/health", "/metrics", "/docs", "/openapi.json", "/v1/models", *POSTS}
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 413, 415, 422, 429)}
 
@@ -312,7 +312,8 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
         return {"status": "ok", "models": list(svc.models)}
 
     app.include_router(routes(svc))
-    app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes,
+                       body_paths=POSTS)
     if settings.cors_origins:  # added last = outermost: the guard's refusals get CORS too
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST"],

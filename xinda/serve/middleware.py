@@ -13,7 +13,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from xinda.serve.errors import error_response
 from xinda.serve.metrics import Metrics
 
-BODY_METHODS = {"POST", "PUT", "PATCH"}
 CLIENT_GONE = 499  # the status of a request whose client left before its answer (nginx's)
 log = logging.getLogger("xinda")
 
@@ -23,8 +22,12 @@ class RequestGuard:
     or not UTF-8, and answers an unexpected exception with a 500, all in the JSON error
     shape."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int,
+                 body_paths: frozenset[str] = frozenset()):
+        """``body_paths``: the paths whose POST bodies are checked (any other request goes on
+        as it came: routing answers a wrong method with 405, an unknown path with 404)."""
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+        self.body_paths = body_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,7 +42,7 @@ class RequestGuard:
 
         self.metrics.in_flight.inc()
         try:
-            if scope["method"] in BODY_METHODS:
+            if scope["method"] == "POST" and scope["path"] in self.body_paths:
                 if not await self._with_body(scope, receive, send_status):
                     status[0] = CLIENT_GONE
             else:

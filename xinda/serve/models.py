@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",
     ``precision`` replaces the models' ``decode.precision`` (int8: quantised now, once)."""
     models: dict[str, ServedModel] = {}
     for model_dir in map(Path, model_dirs):
-        name = model_dir.resolve().name
+        name = Path(os.path.abspath(model_dir)).name  # "." named; a link by its own name
         if name in models:
             raise XindaError(f"two model directories are named {name!r}: models are served by "
                              "their directory name")

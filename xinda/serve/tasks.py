@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from xinda.apps.generate import Output, PoemPrompt, write_couplets, write_poems
-from xinda.apps.poetry import source_text
+from xinda.apps.poetry import source_text, template
 from xinda.decode.constraints import Constraint, length_bounds
 from xinda.decode.search import max_lengths
 from xinda.decode.translator import Translation, Translator
@@ -100,8 +100,17 @@ def couplet_work(translator: Translator, options: dict, inputs: Sequence[str]) -
     return rows * sum(min(2 * len("".join(up.split())) + 1, cap) for up in inputs)
 
 
+def poem_work(translator: Translator, options: dict, inputs: Sequence[PoemPrompt]) -> int:
+    """Decoder row-steps a poem job may take: beam max(nbest, decode.beam) rows
+    (``write_poems``) of at most two tokens per position of the poem's template + EOS."""
+    rows = max(options.get("nbest", 1), translator.cfg.decode.beam)
+    cap = translator.model.cfg.max_positions
+    return rows * sum(min(2 * template(p.form, len(p.acrostic) or 4)[1] + 1, cap)
+                      for p in inputs)
+
+
 WORK: dict[str, Callable[[Translator, dict, Sequence[Any]], int]] = {
-    "translate": translate_work, "couplet": couplet_work}  # poems: a few short lines
+    "translate": translate_work, "couplet": couplet_work, "poem": poem_work}
 
 
 def work(translator: Translator, kind: str, options: dict, inputs: Sequence[Any]) -> int:
