@@ -265,6 +265,19 @@ def test_local_p_attention_window_and_gaussian_by_hand():
         torch.testing.assert_close(weights[row, 0], torch.tensor(expected))
 
 
+def test_local_p_window_holds_2d_plus_1_positions_around_a_fractional_centre():
+    """Before: |s - p_t| <= D kept 2D positions when p_t was not whole (found by review);
+    Luong et al.'s a_t has 2D + 1, centred on floor(p_t) as in their code."""
+    attn = SourceAttention("dot", 2, 2, window="local-p", d=2, max_positions=16)
+    with torch.no_grad():
+        attn.w_p.weight.copy_(torch.eye(2))
+        attn.v_p.copy_(t(-math.log(3) / math.tanh(1), 0.0))  # p_t = S / 4 = 2.5
+    _, weights = attn(t([[1.0, 0.0]]), torch.zeros(1, 10, 2), torch.zeros(1, 10, dtype=torch.bool),
+                      torch.arange(1))
+    expected = [0.2 * math.exp(-((s - 2.5) ** 2) / 2) if s <= 4 else 0.0 for s in range(10)]
+    torch.testing.assert_close(weights[0, 0], torch.tensor(expected))  # window {0..4}
+
+
 def test_local_m_window_follows_target_position_clipped_to_source():
     attn = SourceAttention("dot", 2, 2, window="local-m", d=1, max_positions=16)
     memory = torch.zeros(1, 5, 2)

@@ -66,9 +66,11 @@ def predictive_position(query: Tensor, w_p: Tensor, v_p: Tensor, src_len: Tensor
 
 
 def local_window(position: Tensor, width: int, d: int) -> Tensor:
-    """Window [p_t - D, p_t + D]: position (B, T) -> bool (B, T, S), True inside."""
+    """Window [floor(p_t) - D, floor(p_t) + D], the 2D + 1 positions of Luong et al. 2015
+    (a_t in R^{2D+1}; their code centres it on floor(p_t)): position (B, T) -> bool
+    (B, T, S), True inside."""
     s = torch.arange(width, device=position.device, dtype=torch.float32)  # (S,)
-    return (s - position.float()[..., None]).abs() <= d  # (B, T, S)
+    return (s - position.float().floor()[..., None]).abs() <= d  # (B, T, S)
 
 
 def gaussian(position: Tensor, width: int, d: int) -> Tensor:
