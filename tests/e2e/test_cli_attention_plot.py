@@ -17,6 +17,10 @@ def test_attention_plot_writes_one_png_per_sentence(trained, xinda, tmp_path):
     assert written == ["00000.png", "00002.png"]  # the empty line has nothing to draw
     width, height = Image.open(plots / "00000.png").size
     assert width > 100 and height > 100
+    (plots / "notes.png").write_bytes(b"mine")  # not a plot's name: left alone
+    src.write_text("three hundred four\n", encoding="utf-8")  # before: 00002.png stayed
+    xinda("translate", trained.model_dir, "-i", src, "--attention-plot", plots)
+    assert sorted(p.name for p in plots.glob("*.png")) == ["00000.png", "notes.png"]
 
 
 def test_coverage_penalty_option_translates_every_line(trained, xinda, tmp_path):

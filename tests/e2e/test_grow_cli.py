@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,6 +102,19 @@ def test_resume_continues_with_the_lr_at_its_peak(grown, xinda):
     assert translator.model.cfg.encoder_layers == 2
     out = translator.translate_text(["one hundred two", "", "seven"], beam=2)
     assert len(out) == 3 and out[1] == ""
+
+
+def test_the_default_output_is_beside_the_model_directory(tmp_path, monkeypatch):
+    """Before: "xinda grow ." wrote ".-2l" inside the model directory (found by review)."""
+    from xinda.train.grow import default_out
+
+    assert default_out("runs/x", 2) == Path("runs/x-2l")
+    assert default_out("runs/x/", 3) == Path("runs/x-3l")
+    model = tmp_path / "model"
+    model.mkdir()
+    monkeypatch.chdir(model)
+    assert default_out(".", 2) == tmp_path / "model-2l"
+    assert default_out("..", 2).name == f"{tmp_path.name}-2l"
 
 
 def test_refusals(grown, xinda, one_line_error, tmp_path):

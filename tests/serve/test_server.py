@@ -113,6 +113,20 @@ def test_refusals_at_start_are_one_line(served_model_dir, args, fragment):
     assert fragment in lines[0]
 
 
+def test_a_port_in_use_is_one_line(served_model_dir):
+    """Before: uvicorn's start-up log, its bind error and exit code 3 (found by review)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*xinda_command(), "serve", str(served_model_dir), "--port",
+                               str(port)], capture_output=True, text=True, timeout=120,
+                              env=subprocess_env(), check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == (f"xinda: error: 127.0.0.1:{port}: cannot listen: "
+                                   "Address already in use")
+
+
 def test_a_missing_model_directory_is_one_line(tmp_path):
     proc = subprocess.run([*xinda_command(), "serve", str(tmp_path / "nope")],
                           capture_output=True, text=True, timeout=120, env=subprocess_env(), check=False)

@@ -58,7 +58,8 @@ def validated(cfg: ExperimentConfig, source: Path | str) -> ExperimentConfig:
     before doing any work."""
     from xinda.models.registry import resolve
 
-    if cfg.decode.coverage > 0 and not resolve(cfg.model, str(source)).has_attention:
+    model = resolve(cfg.model, str(source))
+    if cfg.decode.coverage > 0 and not model.has_attention:
         raise XindaError(f"{source}: decode.coverage: the coverage penalty needs a model that "
                          "attends to the source; this one has model.attention none")
     return cfg

@@ -196,5 +196,8 @@ def _plot_attention(results, folder: Path) -> None:
                            title=best.text[:80])
         else:  # an empty or failed line: no picture, and none from an earlier run
             path.unlink(missing_ok=True)
+    for stale in folder.glob("[0-9][0-9][0-9][0-9][0-9].png"):  # an earlier run's longer input
+        if int(stale.stem) >= len(results):
+            stale.unlink()
 
 

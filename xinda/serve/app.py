@@ -12,7 +12,9 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import queue
+import socket
 from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -339,6 +341,19 @@ def run_server(model_dirs: Sequence[Path], settings: ServeSettings, device: str 
     if not settings.loopback and not settings.api_key:
         raise XindaError(f"serving on {settings.host} needs --api-key (or XINDA_API_KEY); "
                          f"without one only {', '.join(LOOPBACK)} are allowed")
+    check_address(settings.host, settings.port)
     app = create_app(load_models(model_dirs, device, precision), settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
                 timeout_graceful_shutdown=int(settings.timeout_s) + 5)
+
+
+def check_address(host: str, port: int) -> None:
+    """Fail in one line, before the models load, where the server could not listen (uvicorn
+    would log its error and exit with 3)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        raise XindaError(f"{host}:{port}: cannot listen: {reason}") from None

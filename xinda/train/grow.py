@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -35,7 +36,12 @@ log = logging.getLogger("xinda")
 
 
 def default_out(model_dir: str | Path, layers: int) -> Path:
-    return Path(f"{Path(model_dir)}-{layers}l")
+    """MODEL_DIR-{layers}l, beside the model directory (also when it is given as "." or
+    "..")."""
+    path = Path(model_dir)
+    if path.name in ("", ".."):
+        path = Path(os.path.abspath(path))
+    return path.with_name(f"{path.name}-{layers}l")
 
 
 def grown_experiment(cfg: ExperimentConfig, model_cfg, out: Path) -> ExperimentConfig:
