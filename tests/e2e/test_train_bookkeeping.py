@@ -81,6 +81,21 @@ def test_a_limit_s_validation_inside_an_epoch_does_not_move_early_stopping(
     assert parts.best == -1.0  # best.safetensors: the best weights validated, update 3's
 
 
+def test_training_time_counts_each_epoch_s_checkpoint(prepared, tmp_path, monkeypatch):
+    """Before: train_seconds (and so tokens/s) left out the checkpoint at each epoch's end,
+    which train.max_seconds counted (found by review)."""
+    import time
+
+    save = Trainer.save
+
+    def slow_save(trainer) -> None:
+        time.sleep(0.25)
+        save(trainer)
+    monkeypatch.setattr(Trainer, "save", slow_save)
+    progress = run(prepared, tmp_path, max_epochs=3, run_validation="false")
+    assert progress.epoch == 4 and progress.train_seconds >= 3 * 0.25
+
+
 def test_resuming_a_finished_run_validates_nothing_again(prepared, tmp_path):
     """Before: each --resume of a run stopped inside an epoch added the same validation row."""
     run(prepared, tmp_path, max_steps=3)

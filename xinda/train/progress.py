@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -14,7 +17,8 @@ class Progress:
     epoch: int = 1  # current epoch (1-based)
     batch: int = 0  # next batch of the current epoch (of all ranks' batches)
     tgt_tokens: int = 0  # target tokens trained on (incl. EOS), all ranks
-    train_seconds: float = 0.0  # wall clock of the updates (and their checkpoints)
+    # wall clock of the training loop but its validations: updates, batching, checkpoints
+    train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall clock of the training loops, validation included
     best: float = -math.inf  # best validation score (BLEU, or -loss): best.safetensors'
     best_metric: str = ""  # what ``best`` measures: "bleu" or "loss"
@@ -33,6 +37,15 @@ class Progress:
             self.best_metric = "bleu" if self.best >= 0 else "loss"
         if self.epoch_best is None:
             self.epoch_best = self.best
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the block's wall clock in ``train_seconds``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.train_seconds += time.perf_counter() - start
 
     def reset_best(self) -> None:
         """Forget the best scores and early stopping's count (the scores change meaning)."""

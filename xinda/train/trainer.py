@@ -206,8 +206,9 @@ class Trainer:
         # resumed from a finished run (all ranks decide alike: the clock is each rank's)
         stop = self.ranks.any(self.limit_reached() or self.stopped_early())[0]
         while p.epoch <= tc.max_epochs and not stop:
-            batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
-                                   tc.max_tokens, tc.seed, p.epoch)
+            with p.timed():
+                batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
+                                       tc.max_tokens, tc.seed, p.epoch)
             stop = self.train_epoch(batches)
             if p.batch >= len(batches):  # the epoch is over, also when a limit ended it
                 stop = self.end_of_epoch() or stop
@@ -347,7 +348,8 @@ class Trainer:
                 stop = True
         stop = self.ranks.any(stop)[0]  # rank 0 validated: the others follow it
         p.epoch, p.batch = p.epoch + 1, 0
-        self.save()
+        with p.timed():  # the epoch's checkpoint counts as training time, its validation not
+            self.save()
         return stop
 
     def validate_and_keep_best(self) -> float:
