@@ -118,8 +118,8 @@ def test_the_trainer_logs_the_scorers_bleu(cfg, tmp_path):
         rows = list(csv.DictReader(f))
     assert [float(r["valid_bleu"]) for r in rows if r["valid_bleu"]] == [42.0]
     stats = json.loads((tmp_path / "m" / "train_stats.json").read_text())
-    [valid] = [r for r in rows if r["valid_loss"]]  # at the training seconds so far: all of them
-    assert float(valid["elapsed_s"]) == pytest.approx(stats["train_seconds"], rel=1e-5)
+    [valid] = [r for r in rows if r["valid_loss"]]  # at the training seconds so far; the
+    assert 0 < float(valid["elapsed_s"]) <= stats["train_seconds"]  # epoch's checkpoint follows
 
 
 def test_a_perfect_model_scores_100_when_targets_are_lowercased(tmp_path, monkeypatch):
