@@ -294,9 +294,11 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
     return {system: by_seed for system, by_seed in runs.items() if by_seed}
 
 
-def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float | None:
+def paired_p(pair: str, baseline_dir: Path, system_dir: Path,
+             expected: tuple[float, float] | None = None) -> float | None:
     """p of sacrebleu's paired bootstrap test (1000 samples): system against baseline; None
-    when either run's test translations are missing."""
+    when either run's test translations are missing, or (with ``expected``, the two results'
+    BLEU) when they score otherwise: another run's translations."""
     p = PAIRS[pair]
     hyp_paths = [d / f"{p['test']}.hyp" for d in (baseline_dir, system_dir)]
     if missing := [h for h in hyp_paths if not h.exists()]:
@@ -307,6 +309,11 @@ def paired_p(pair: str, baseline_dir: Path, system_dir: Path) -> float | None:
     metric = BLEU(tokenize=p["tokenize"]) if p["tokenize"] else BLEU()
     _, results = PairedTest(list(zip(("baseline", "system"), hyps)), {"BLEU": metric}, [refs],
                             test_type="bs", n_samples=1000)()
+    scores = tuple(round(r.score, 2) for r in results["BLEU"])
+    if expected is not None and any(abs(a - b) > 0.011 for a, b in zip(scores, expected)):
+        print(f"[{pair}] no paired test: {', '.join(map(str, hyp_paths))} score {scores}, "
+              f"not the results' {expected}", flush=True)
+        return None
     return round(results["BLEU"][1].p_value, 4)
 
 
@@ -322,10 +329,21 @@ def window_tok_per_s(model_dir: Path) -> float | None:
     return round(statistics.median(speeds), 1) if speeds else None
 
 
+def last_logged_step(model_dir: Path) -> int | None:
+    """The update of the training log's last row (None without a log)."""
+    log = model_dir / "log.csv"
+    if not log.exists():
+        return None
+    rows = list(csv.DictReader(log.open(encoding="utf-8")))
+    return int(rows[-1]["step"]) if rows else None
+
+
 def add_window_speed(run_dir: Path, result: dict) -> None:
     """Give a finished run's result (and its result.json) the median window tokens/s when it
     lacks one and its training log is still there (runs finished before it was recorded)."""
     if result.get("tok_per_s_median_window") is not None:
+        return
+    if last_logged_step(run_dir / "model") != result.get("updates"):  # not this run's log
         return
     if (speed := window_tok_per_s(run_dir / "model")) is not None:
         result["tok_per_s_median_window"] = speed
@@ -368,6 +386,24 @@ def paired_with_baseline(by_seed: dict, baseline: dict) -> dict:
             "speed_ratio": None if ratio is None else round(ratio, 3)}
 
 
+def seed_delta(runs: dict, systems: tuple[str, str], seed: int) -> float | None:
+    """BLEU of ``systems[1]`` minus ``systems[0]`` at ``seed`` (None unless both ran it)."""
+    reference, system = (runs.get(name, {}).get(seed) for name in systems)
+    return None if reference is None or system is None else round(
+        system["bleu"] - reference["bleu"], 2)
+
+
+def seed_test(pair: str, pair_dir: Path, systems: tuple[str, str], runs: dict,
+              seed: int) -> float | None:
+    """The paired bootstrap p of ``systems[1]`` against ``systems[0]`` at ``seed``, on the
+    translations of the two results reported (None unless both ran it)."""
+    reference, system = (runs.get(name, {}).get(seed) for name in systems)
+    if reference is None or system is None:
+        return None
+    return paired_p(pair, pair_dir / systems[0] / f"seed{seed}",
+                    pair_dir / systems[1] / f"seed{seed}", (reference["bleu"], system["bleu"]))
+
+
 def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
     """One row per system over the seeds it ran; its p values are per seed, against the
     baseline's run with the same seed."""
@@ -382,8 +418,9 @@ def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
             "system": system, "params": next(iter(by_seed.values()))["params"],
             "seeds": sorted(by_seed), "bleu_mean": bleu_mean, "bleu_std": bleu_std,
             "p_vs_baseline": None if system == "baseline" else [
-                paired_p(pair, pair_dir / "baseline" / f"seed{s}", pair_dir / system / f"seed{s}")
-                for s in sorted(by_seed)],
+                seed_test(pair, pair_dir, ("baseline", system), runs, s) for s in sorted(by_seed)],
+            "delta_vs_baseline": None if system == "baseline" else [
+                seed_delta(runs, ("baseline", system), s) for s in sorted(by_seed)],
             "tok_per_s_by_setting": speeds_by_setting(by_seed),
             "vs_baseline": None if system == "baseline" else paired_with_baseline(
                 by_seed, runs.get("baseline", {})),
@@ -410,21 +447,26 @@ def compare(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dic
                                  for s in both)
         found.append({"claim": claim, "system": system, "reference": reference,
                       "bleu_difference": round(delta, 2), "seeds": both,
-                      "p": [paired_p(pair, pair_dir / reference / f"seed{s}",
-                                     pair_dir / system / f"seed{s}") for s in both]})
+                      "delta": [seed_delta(runs, (reference, system), s) for s in both],
+                      "p": [seed_test(pair, pair_dir, (reference, system), runs, s)
+                            for s in both]})
     return found
 
 
-def p_cell(ps: list[float | None]) -> str:
-    """Per-seed p values, "n/a" where a test could not run."""
-    return " / ".join("n/a" if p is None else str(p) for p in ps)
+def p_cell(ps: list[float | None], deltas: list[float | None] | None = None) -> str:
+    """Per-seed p values ("n/a" where a test could not run), after each seed's BLEU
+    difference when given: the p is two-sided, the sign says which way the seed went."""
+    deltas = deltas or [None] * len(ps)
+    return " / ".join(("n/a" if p is None else f"p {p}") if d is None else
+                      f"{d:+.2f} ({'n/a' if p is None else f'p {p}'})"
+                      for p, d in zip(ps, deltas))
 
 
 def comparisons_markdown(found: list[dict]) -> list[str]:
     body = [[c["claim"], f"{c['system']} − {c['reference']}", ", ".join(map(str, c["seeds"])),
-             f"{c['bleu_difference']:+.2f}", p_cell(c["p"])] for c in found]
+             f"{c['bleu_difference']:+.2f}", p_cell(c["p"], c.get("delta"))] for c in found]
     header = ["the paper's claim", "BLEU difference", "seeds (both systems)",
-              "mean difference over those seeds", "p (per seed)"]
+              "mean difference over those seeds", "difference (p) per seed"]
     return ["", "Between fusion systems:", "", *markdown_table(header, body)] if found else []
 
 
@@ -453,12 +495,13 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              found: list[dict] = ()) -> str:
     buckets = list(rows[0]["bleu_by_length"]) if rows else []
     header = ["system", "params", "seeds", "BLEU (mean ± std)", "Δ BLEU vs baseline",
-              "p vs baseline (per seed)", "train tok/s (threads × jobs, how)",
+              "Δ (p) vs baseline per seed", "train tok/s (threads × jobs, how)",
               "tok/s vs baseline", "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", ", ".join(map(str, r.get("seeds", []))),
              bleu_cell(r["bleu_mean"], r["bleu_std"]), vs_baseline_cells(r)[0],
-             "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"]),
+             "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"],
+                                                            r.get("delta_vs_baseline")),
              " / ".join(f"{v} ({k})" for k, v in r["tok_per_s_by_setting"].items()),
              vs_baseline_cells(r)[1], r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),

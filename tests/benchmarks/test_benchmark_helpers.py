@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from xinda.checkpoint import save_checkpoint
+from xinda.errors import XindaError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import ablation
@@ -209,7 +210,7 @@ def test_fusion_study_report_only_trains_nothing_and_leaves_unfinished_runs_out(
         [1, 2], 30.5, [1], [0.25])
     table = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(
         size="small", updates=10, gate="elementwise", seeds="1,2"))
-    assert "| layer | 10 | 1 | 32.00 (one seed) | +2.00 (seeds 1) | 0.25 |" in table
+    assert "| layer | 10 | 1 | 32.00 (one seed) | +2.00 (seeds 1) | +2.00 (p 0.25) |" in table
     assert "two-sided" in table and "WARNING" not in table
 
 
@@ -264,6 +265,23 @@ def test_fusion_study_stops_on_a_broken_kept_run_with_its_path(tmp_path):
 def test_fusion_study_has_no_paired_test_without_both_translations(tmp_path):
     (tmp_path / "base").mkdir()
     assert fusion_study.paired_p("de-en", tmp_path / "base", tmp_path / "system") is None
+
+
+def test_fusion_study_pairs_only_the_translations_of_the_results_reported(tmp_path):
+    """Translations left by another run (a retrain keeps the old test.hyp until it is
+    overwritten) give no p, where before they gave one for the wrong runs."""
+    p = fusion_study.PAIRS["de-en"]
+    test = fusion_study.SHARED / p["corpus"] / p["test"]
+    try:
+        refs = list(fusion_study.read_lines(fusion_study.raw_file(test, p["tgt"])))
+    except (OSError, XindaError):
+        pytest.skip(f"the Multi30k test set is not in {fusion_study.SHARED}")
+    for name in ("base", "system"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{p['test']}.hyp").write_text("".join(f"{r}\n" for r in refs))
+    dirs = (tmp_path / "base", tmp_path / "system")
+    assert fusion_study.paired_p("de-en", *dirs, (100.0, 100.0)) is not None
+    assert fusion_study.paired_p("de-en", *dirs, (100.0, 40.5)) is None
 
 
 def test_timed_reports_the_commands_own_peak_memory_and_stops_on_failure(tmp_path):
@@ -381,18 +399,19 @@ def test_runs_that_crowd_the_cores_wait_passively_unless_the_environment_says_ot
 
 def test_fusion_study_compares_the_papers_system_pairs_on_the_seeds_both_ran(monkeypatch, tmp_path):
     tested = []
-    monkeypatch.setattr(fusion_study, "paired_p",
-                        lambda pair, ref, system: tested.append((ref.parts[-2:], system.parts[-2:]))
-                        or 0.5)
+    monkeypatch.setattr(fusion_study, "paired_p", lambda pair, ref, system, expected: tested.append(
+        (ref.parts[-2:], system.parts[-2:], expected)) or 0.5)
     runs = {"baseline": {1: {"bleu": 30.0}},
             "sublayer": {1: {"bleu": 31.0}, 2: {"bleu": 32.0}},
             "sublayer-linear": {1: {"bleu": 30.5}, 2: {"bleu": 30.0}, 3: {"bleu": 29.0}}}
     [found] = fusion_study.compare("de-en", tmp_path, runs, [1, 2, 3])  # no "layer": one claim
     assert (found["system"], found["reference"]) == ("sublayer", "sublayer-linear")
     assert found["seeds"] == [1, 2] and found["bleu_difference"] == pytest.approx(1.25)
-    assert tested == [(("sublayer-linear", "seed1"), ("sublayer", "seed1")),
-                      (("sublayer-linear", "seed2"), ("sublayer", "seed2"))]
-    assert "| +1.25 | 0.5 / 0.5 |" in "\n".join(fusion_study.comparisons_markdown([found]))
+    assert tested == [(("sublayer-linear", "seed1"), ("sublayer", "seed1"), (30.5, 31.0)),
+                      (("sublayer-linear", "seed2"), ("sublayer", "seed2"), (30.0, 32.0))]
+    # each seed's difference beside its two-sided p (before: the p alone)
+    assert "| +1.25 | +0.50 (p 0.5) / +2.00 (p 0.5) |" in "\n".join(
+        fusion_study.comparisons_markdown([found]))
 
 
 def test_fusion_study_speed_is_the_median_log_window_and_filled_in_for_older_runs(tmp_path):
@@ -405,7 +424,10 @@ def test_fusion_study_speed_is_the_median_log_window_and_filled_in_for_older_run
         "98,1,,,,,,7.2,1022,\n100,2,5e-05,7.2,6.9,4000,10,,,\n200,3,1e-4,6,5.9,10,20,,,\n"
         "300,4,1e-4,5,4.9,3000,30,,,\n")
     assert fusion_study.window_tok_per_s(run / "model") == 3000.0
-    old = {"tok_per_s": 500.0, "config": {"train": {"threads": 2}}}
+    other = {"tok_per_s": 500.0, "config": {"train": {"threads": 2}}, "updates": 6000}
+    fusion_study.add_window_speed(run, other)  # a log of another run (it ends at 300)
+    assert "tok_per_s_median_window" not in other and not (run / "result.json").exists()
+    old = {"tok_per_s": 500.0, "config": {"train": {"threads": 2}}, "updates": 300}
     assert fusion_study.speed_setting(old) == "2 × 1, total"
     fusion_study.add_window_speed(run, old)
     assert fusion_study.run_speed(old) == 3000.0
