@@ -94,7 +94,11 @@ class Seq2SeqModel(nn.Module):
 
     cfg: ModelConfig
     vocab: VocabInfo
-    has_attention: bool = True  # decode(need_weights=True) returns source attention
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether decode(need_weights=True) returns source attention: the config says."""
+        return self.cfg.has_attention
 
     def encode(self, src: Tensor) -> EncoderOut:
         """src (B, S) token ids, right-padded -> EncoderOut."""

@@ -28,10 +28,6 @@ def _embedding(size: int, dim: int, pad: int) -> nn.Embedding:
 class RNNModel(Seq2SeqModel):
     """Embeddings -> ``RNNEncoder`` -> ``RNNDecoder`` -> dropout -> linear softmax layer."""
 
-    @property
-    def has_attention(self) -> bool:
-        return self.cfg.has_attention
-
     def __init__(self, cfg: RNNConfig, vocab: VocabInfo):
         super().__init__()
         self.cfg, self.vocab = cfg, vocab
