@@ -174,6 +174,9 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
               "runs_at_once": runs_at_once,
               "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg}
     if cfg["train"]["run_validation"]:
+        # the checkpoints `xinda average --last N` takes: the newest N that verify
+        result["averaged_checkpoints"] = [
+            path.name for path in list_checkpoints(model_dir)[-AVERAGE_LAST:]]
         timed([*xinda, "average", str(model_dir), "--last", str(AVERAGE_LAST)],
               run_dir / "average.log")
         p = PAIRS[pair]
