@@ -14,7 +14,7 @@ peak ``--lr`` after ``--warmup`` updates), the same seed, validated (loss) at ev
 * scratch     -- the ``--layers``-layer encoder from random weights for ``--budget`` seconds;
 * progressive -- a ``--layers``/2-layer encoder for ``--shallow-share`` x budget seconds, then
   ``xinda grow --to LAYERS`` (the trained encoder stacked on itself) and ``xinda train --resume``
-  with a fresh optimizer and the learning rate restarted at its peak (noam_reset) for the rest.
+  with a fresh optimizer and the learning rate restarted at its peak for the rest.
 
 A budget is wall-clock seconds of ``xinda train`` (``train.max_seconds``, per call; epoch-end
 validation included), so both arms get the same compute. ``--parallel`` runs the two arms at

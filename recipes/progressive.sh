@@ -2,7 +2,7 @@
 # Progressive (shallow-to-deep) training, textbook ch. 15 / Li et al. 2020: train an h-layer
 # encoder, grow it to 2h layers (`xinda grow` stacks a copy of the trained encoder on top),
 # train on, grow to 4h, train on. After each growth the learning rate restarts at its peak
-# (train.schedule noam_reset) with a fresh optimizer.
+# (the schedule goes on from the end of its warm-up) with a fresh optimizer.
 #
 #   recipes/progressive.sh [CONFIG] [BUDGET] [H]
 #     CONFIG  experiment YAML (default recipes/demo-numbers.yaml: its number-words -> digits

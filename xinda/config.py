@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xinda.errors import XindaError
 from xinda.utils import MAX_THREADS, atomic_write_text
@@ -82,14 +82,14 @@ class TrainConfig(Strict):
     # too; 0 = no limit
     max_seconds: float = Field(0, ge=0)
     optimizer: Literal["adam", "sgd"] = "adam"
-    # peak learning rate; for noam/noam_reset a scale: peak = lr * (d_model * warmup)^-0.5
+    # peak learning rate; for noam a scale: peak = lr * (d_model * warmup)^-0.5
     lr: float = Field(5e-4, gt=0)
     betas: tuple[Beta, Beta] = (0.9, 0.98)
     eps: float = Field(1e-8, gt=0)  # 0 would divide 0 by 0 where a gradient is 0
     momentum: float = Field(0.0, ge=0)  # SGD only
     weight_decay: float = Field(0.0, ge=0)
-    # noam_reset: noam, restarted at its peak after each growth (`xinda grow`)
-    schedule: Literal["inverse_sqrt", "noam", "noam_reset", "step", "constant"] = "inverse_sqrt"
+    # every schedule restarts at its peak after each growth (`xinda grow`; train/schedule.py)
+    schedule: Literal["inverse_sqrt", "noam", "step", "constant"] = "inverse_sqrt"
     warmup_steps: int = Field(4000, ge=0)
     decay_every: int = Field(1000, ge=1)  # step schedule: multiply by decay_factor every N steps
     decay_factor: float = Field(0.5, gt=0, le=1)
@@ -117,6 +117,13 @@ class TrainConfig(Strict):
     # torchrun (xinda.train.distributed): seconds a rank waits for the others at a collective,
     # e.g. while rank 0 validates or saves, before it stops with "lost contact"
     dist_timeout: float = Field(600.0, gt=0, le=MAX_DIST_TIMEOUT)
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _noam_reset_is_noam(cls, value):
+        # "noam_reset" (written by `xinda grow` before every schedule restarted after a
+        # growth) is noam, restarted the same way
+        return "noam" if value == "noam_reset" else value
 
     @model_validator(mode="after")
     def _warmup_of_inverse_sqrt(self) -> TrainConfig:

@@ -1,4 +1,5 @@
-"""The noam_reset schedule of progressive training: noam, restarted at its peak after a growth."""
+"""The learning-rate restart of progressive training: after a growth every schedule restarts at
+its peak."""
 
 from dataclasses import asdict
 
@@ -13,7 +14,7 @@ D, WARM, SCALE = 64, 100, 2.0
 PEAK = 0.025
 
 
-def cfg(schedule: str = "noam_reset", **kw) -> TrainConfig:
+def cfg(schedule: str = "noam", **kw) -> TrainConfig:
     return TrainConfig(schedule=schedule, lr=SCALE, warmup_steps=WARM, **kw)
 
 
@@ -29,10 +30,10 @@ def test_warmup_and_peak_before_any_reset():
     assert lr(400) == pytest.approx(0.0125)  # inverse sqrt: 4x the warm-up, half the peak
 
 
-def test_without_resets_it_is_noam():
-    for step in (1, 7, 99, 100, 101, 1000, 12345):
-        assert lr(step) == learning_rate(cfg("noam"), step, D)
-        assert lr(step, resets=[]) == learning_rate(cfg("noam"), step, D, [500])
+def test_noam_reset_of_older_grown_models_reads_as_noam():
+    assert cfg("noam_reset").schedule == "noam"
+    for step in (1, 99, 100, 301, 12345):
+        assert learning_rate(cfg("noam_reset"), step, D, [300]) == lr(step, [300])
 
 
 def test_right_after_a_reset_the_lr_is_the_peak():
@@ -64,10 +65,31 @@ def test_min_lr_floor_still_applies():
     assert lr(301, resets=[300], min_lr=1e-3) == pytest.approx(PEAK)
 
 
-def test_other_schedules_ignore_resets():
+def test_every_schedule_restarts_at_the_end_of_its_warm_up():
+    # update 301 + k after a growth at 300 runs at the rate of update WARM + k
     for schedule in ("inverse_sqrt", "noam", "step", "constant"):
-        c = cfg(schedule)
-        assert learning_rate(c, 5000, D, [300]) == learning_rate(c, 5000, D)
+        c = TrainConfig(schedule=schedule, lr=1e-3, warmup_steps=WARM, decay_every=50)
+        for k in (0, 1, 49, 50, 1000):
+            assert learning_rate(c, 301 + k, D, [300]) == learning_rate(c, WARM + k, D)
+        assert learning_rate(c, 300, D, [300]) == learning_rate(c, 300, D)  # before it
+
+
+def test_restarted_rates_by_hand():
+    inv = TrainConfig(schedule="inverse_sqrt", lr=1e-3, warmup_steps=WARM)
+    assert learning_rate(inv, 301, D, [300]) == pytest.approx(1e-3)  # the peak again
+    assert learning_rate(inv, 301 + 3 * WARM, D, [300]) == pytest.approx(5e-4)  # sqrt(1/4)
+    step = TrainConfig(schedule="step", lr=1e-3, warmup_steps=0, decay_every=50,
+                       decay_factor=0.5)
+    assert learning_rate(step, 1000, D) == pytest.approx(1e-3 * 0.5**20)
+    # as in a fresh run (update s runs at the rate of s - 0): update 999 = 49, 1000 = 50
+    assert learning_rate(step, 999, D, [950]) == pytest.approx(1e-3)
+    assert learning_rate(step, 1000, D, [950]) == pytest.approx(5e-4)  # the first decay again
+
+
+def test_a_constant_rate_stays_constant_across_a_growth():
+    for warm in (0, WARM):
+        c = TrainConfig(schedule="constant", lr=1e-3, warmup_steps=warm)
+        assert {learning_rate(c, s, D, [300]) for s in (301, 302, 1000, 10**6)} == {1e-3}
 
 
 def test_progress_records_resets_and_old_states_still_load():

@@ -3,17 +3,16 @@ continues from (progressive, shallow-to-deep training; the copy rule is in
 ``xinda.models.transformer.grow``).
 
 The new directory is self-contained: its ``config.yaml`` (the explicit model fields with the new
-``encoder_layers``, ``train.out_dir`` = the new directory, ``train.schedule = noam_reset``), the
-manifest and sentencepiece models, the training log so far, and one checkpoint at the same
-update with the grown weights, no optimizer state (the grown model has new parameters, so
-``Trainer.resume`` starts a fresh optimizer) and the update recorded in ``lr_resets``, so that
-``xinda train NEW_DIR/config.yaml --resume`` restarts the learning rate at its peak.
+``encoder_layers`` and ``train.out_dir`` = the new directory), the manifest and sentencepiece
+models, the training log so far, and one checkpoint at the same update with the grown weights,
+no optimizer state (the grown model has new parameters, so ``Trainer.resume`` starts a fresh
+optimizer) and the update recorded in ``lr_resets``, so that ``xinda train NEW_DIR/config.yaml
+--resume`` restarts the learning rate at its peak (``xinda.train.schedule.learning_rate``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 from dataclasses import asdict
@@ -45,22 +44,11 @@ def default_out(model_dir: str | Path, layers: int) -> Path:
 
 
 def grown_experiment(cfg: ExperimentConfig, model_cfg, out: Path) -> ExperimentConfig:
-    """The experiment config of the grown model: explicit model fields, out_dir = ``out`` and
-    the noam_reset schedule. A schedule whose ``lr`` is the peak (all but noam) gets the Noam
-    scale that restarts at that same peak, lr * sqrt(d_model * warmup)."""
+    """The experiment config of the grown model: explicit model fields and out_dir = ``out``;
+    the schedule stays (it restarts at its peak after the growth, ``learning_rate``)."""
     tree = cfg.model_dump(mode="json")
     tree["model"] = model_cfg.model_dump(mode="json")
-    train = tree["train"]
-    train["out_dir"] = str(out)
-    old = train["schedule"]
-    if old != "noam_reset":
-        train["schedule"] = "noam_reset"
-        log.info("train.schedule: %s -> noam_reset (the learning rate restarts at its peak)", old)
-    if old not in ("noam", "noam_reset"):
-        scale = train["lr"] * math.sqrt(model_cfg.d_model * max(train["warmup_steps"], 1))
-        log.info("train.lr: %g -> %.6g (the Noam scale whose peak is the old peak lr %g)",
-                 train["lr"], scale, train["lr"])
-        train["lr"] = scale
+    tree["train"]["out_dir"] = str(out)
     return ExperimentConfig.model_validate(tree)
 
 

@@ -21,19 +21,19 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
       the scale factor);
     - step: a linear warm-up, then lr * decay_factor^((step - warmup) // decay_every): the
       peak lr is reached at the end of the warm-up, and the decays count from there;
-    - constant: lr after a linear warm-up;
-    - noam_reset: noam until the first of ``resets`` (the update counts after which the model
-      was grown, ``xinda grow``); after the latest reset r, lr * d^-0.5 * (k + warmup)^-0.5
-      with k = step - r - 1 updates done since the reset: the first update after a growth runs
-      at noam's peak lr * d^-0.5 * warmup^-0.5, then inverse-sqrt decay counted from the reset.
+    - constant: lr after a linear warm-up.
+
+    ``resets``: the update counts after which the model was grown (``xinda grow``). After the
+    latest reset r, every schedule restarts at its peak: update r + 1 + k runs at the rate of
+    update warmup + k (warmup >= 1), the end of the warm-up followed by the schedule's own
+    decay counted from the reset, so a constant rate stays constant.
     """
     step = max(step, 1)
     warm = cfg.warmup_steps
-    last = max((r for r in resets if r < step), default=None)
-    if cfg.schedule == "noam_reset" and last is not None:
-        # Learning-rate restart of shallow-to-deep training (Li et al. 2020).
-        rate = cfg.lr * d_model**-0.5 * (step - last - 1 + max(warm, 1)) ** -0.5
-    elif cfg.schedule in ("noam", "noam_reset"):
+    if (last := max((r for r in resets if r < step), default=None)) is not None:
+        # Learning-rate restart of shallow-to-deep training (Li et al. 2020)
+        step = step - last - 1 + max(warm, 1)
+    if cfg.schedule == "noam":
         rate = cfg.lr * d_model**-0.5 * min(step**-0.5, step * max(warm, 1) ** -1.5)
     else:
         warmup = step / warm if warm and step < warm else 1.0
