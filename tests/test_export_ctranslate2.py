@@ -101,7 +101,7 @@ def test_greedy_outputs_equal_xinda(exported):
     ours = translator.translate([" ".join(s) for s in sources], beam=1, input_format="pieces",
                                 output_format="pieces")
     # CTranslate2's limit counts tokens before EOS; xinda's includes the EOS
-    theirs = ct2_translator(ct2_dir).translate_batch(sources, beam_size=1,
+    theirs = ct2_translator(ct2_dir).translate_batch(sources, beam_size=1, min_decoding_length=0,
                                                      max_decoding_length=MAX_LEN - 1)
     expected = [nbest[0].text for nbest in ours]
     assert [" ".join(r.hypotheses[0]) for r in theirs] == expected

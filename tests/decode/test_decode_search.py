@@ -101,6 +101,14 @@ def test_max_lengths_is_a_times_len_plus_b_capped():
     assert max_lengths(torch.tensor([0]), 0.0, 0, 100).tolist() == [1]
 
 
+@pytest.mark.parametrize("a, b, length, limit", [
+    (2.1, 0, 30, 63), (2.1, 10, 50, 115), (1.3, 10, 90, 127), (1.05, 0, 60, 63),
+    (1.3, 10, 7, 19)])  # 1.3 * 7 + 10 = 19.1
+def test_max_lengths_of_a_decimal_a_are_the_exact_products_floor(a, b, length, limit):
+    """Before: 1.3 * 90 in binary floating point is 116.99999..., cut to 116 (found by review)."""
+    assert max_lengths(torch.tensor([length]), a, b, 1000).tolist() == [limit]
+
+
 @pytest.mark.parametrize("a", [1e19, 1e300, math.inf])
 def test_a_huge_max_len_a_is_the_cap_not_an_overflow(a, tiny_model, make_src):
     """Before: a * |x| + b overflowed int64 to its minimum, clamped to 1: every output empty."""

@@ -49,9 +49,11 @@ def coverage_penalty(attention: Tensor, src_keep: Tensor, beta: float) -> float:
 
 
 def max_lengths(src_len: Tensor, a: float, b: int, limit: int) -> Tensor:
-    """Per-sentence output limit a * |x| + b, capped by the model's position table (in
+    """Per-sentence output limit floor(a * |x| + b), capped by the model's position table (in
     floating point, so that a huge ``a`` is the cap, not an integer overflow)."""
-    return (src_len.float() * a + b).clamp(min=1, max=limit).long()
+    # a decimal ``a`` has no exact binary form (1.3 * 90 = 116.99999...): the tolerance gives
+    # the exact product's floor, 117
+    return (src_len.double() * a + b + 1e-6).floor().clamp(min=1, max=limit).long()
 
 
 class SearchStopped(Exception):

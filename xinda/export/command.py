@@ -22,8 +22,8 @@ def ctranslate2(
     force: Annotated[bool, typer.Option(help="replace OUT_DIR if it exists")] = False,
 ) -> None:
     """Export the Transformer of MODEL_DIR to a CTranslate2 model directory: it translates
-    space-separated sentencepiece pieces, greedy decoding as xinda's (needs the ctranslate2
-    package: the "export" extra of xinda)."""
+    space-separated sentencepiece pieces, greedy decoding as xinda's with the length limits of
+    the README (needs the ctranslate2 package: the "export" extra of xinda)."""
     from xinda.export.ctranslate2 import export_ctranslate2
 
     out = export_ctranslate2(model_dir, out_dir, checkpoint, quantization, force)

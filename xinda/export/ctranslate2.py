@@ -14,10 +14,12 @@ weights):
   CTranslate2's scores leave their probability out, where xinda's include it).
 
 Greedy decoding therefore gives xinda's outputs, once CTranslate2's ``max_decoding_length``
-(tokens before EOS) is xinda's limit (which counts the EOS) minus one. Beam search matched too
-on the test models without a length penalty (``length_penalty=0``, ``alpha 0``); with one, the
-two rank finished hypotheses differently (CTranslate2 divides by length^penalty, xinda by GNMT's
-((5 + length) / 6)^alpha).
+(tokens before EOS) is xinda's limit (which counts the EOS) minus one and its
+``min_decoding_length`` is 0 (xinda may end a sentence at once). Beam search without a length
+penalty (``length_penalty=0``, ``alpha 0``) matched on most test sentences, but not where a
+hypothesis reaches the length limit (the two choose candidates there differently); with one,
+the two also rank finished hypotheses differently (CTranslate2 divides by length^penalty, xinda
+by GNMT's ((5 + length) / 6)^alpha).
 
 The model takes and returns space-separated sentencepiece pieces; xinda's text pipeline
 (normalisation, pre-tokenisation) is not part of it. The sentencepiece model(s) are copied
