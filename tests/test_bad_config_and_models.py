@@ -170,6 +170,7 @@ def test_yaml_merge_keys_are_read_and_may_be_given_again(tmp_path):
     (["data.tgt_lang=en"], ("data: src_lang and tgt_lang are both 'en': both sides would be "
                             "read from the same files ({split}.en)")),
     (["data.out_dir=''"], "data.out_dir: String should have at least 1 character"),
+    (["train.out_dir=''"], "train.out_dir: String should have at least 1 character"),
     (["data.src_lang=''"], "data.src_lang: String should have at least 1 character"),
     (["data.src_lang=no"], ("data.src_lang: Input should be a valid string (YAML reads "
                             "yes/no/on/off unquoted as False: quote the value)")),

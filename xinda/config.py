@@ -70,7 +70,7 @@ class DataConfig(Strict):
 class TrainConfig(Strict):
     model_config = ConfigDict(allow_inf_nan=False)  # (and Strict's): no infinity or NaN
 
-    out_dir: str = "runs/exp"  # the self-contained model directory
+    out_dir: str = Field("runs/exp", min_length=1)  # the self-contained model directory
     seed: Seed = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(0, ge=0, le=MAX_THREADS)  # torch intra-op threads; 0 = torch's default

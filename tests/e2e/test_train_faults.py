@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from xinda.checkpoint import list_checkpoints, load_state, state_json, state_tensors
 from xinda.config import load_config
+from xinda.data.batching import make_batches
 from xinda.train.trainer import Trainer
 
 TRAIN = {"save_every": 0, "keep_last": 20, "log_every": 1, "valid_bleu": False, "threads": 1}
@@ -248,3 +249,62 @@ def test_a_format_1_run_dir_is_refused_and_its_weights_still_translate(
                                                                                ".safetensors"))
     proc = xinda("translate", model, "--checkpoint", newest, input="seven\n\n")
     assert len(proc.stdout.splitlines()) == 2
+
+
+def epoch_updates(trainer: Trainer) -> int:
+    return len(make_batches(trainer.train_src.lengths, trainer.train_tgt.lengths,
+                            trainer.cfg.train.max_tokens, trainer.cfg.train.seed, 1))
+
+
+def valid_rows(run_dir) -> list[tuple[str, str]]:
+    with (run_dir / "log.csv").open(newline="") as f:
+        return [(r["step"], r["valid_loss"]) for r in csv.DictReader(f) if r["valid_loss"]]
+
+
+@pytest.mark.parametrize("where", ["epoch_end", "inside_an_epoch"])
+def test_a_run_killed_while_validating_its_last_update_validates_it_on_resume(
+        prepared, write_config, tmp_path, where):
+    """Before: with the last update checkpointed (save_every) and the process killed during
+    its final validation, --resume found max_steps reached and stopped: no validation row, no
+    best weights, the epoch never closed (found by review)."""
+    probe = trainer_for(prepared, write_config, tmp_path / "probe", max_steps=1)
+    last = epoch_updates(probe) + (0 if where == "epoch_end" else 2)
+    train = {"max_steps": last, "save_every": 1, "keep_last": 50}
+    trainer_for(prepared, write_config, tmp_path / "A", **train).train()
+
+    killed = trainer_for(prepared, write_config, tmp_path / "B", **train)
+    validate = killed.validate
+
+    def killed_at_the_last_update():
+        if killed.progress.step == last:
+            raise SystemExit("killed")  # stands in for SIGKILL: nothing after it runs
+        return validate()
+
+    killed.validate = killed_at_the_last_update
+    with pytest.raises(SystemExit):
+        killed.train()
+    assert step_of(list_checkpoints(tmp_path / "B")[-1]) == last
+    trainer_for(prepared, write_config, tmp_path / "B", **train).train(resume=True)
+
+    assert_same_run(tmp_path / "A", tmp_path / "B", last)
+    assert valid_rows(tmp_path / "B") == valid_rows(tmp_path / "A")
+    assert valid_rows(tmp_path / "A")[-1][0] == str(last)
+    best_a, best_b = (load_file(str(tmp_path / d / "best.safetensors")) for d in "AB")
+    assert all(torch.equal(best_a[name], best_b[name]) for name in best_a)
+
+
+def test_a_time_limit_spent_validating_at_an_epoch_end_stops_there(prepared, write_config,
+                                                                   tmp_path):
+    """Before: the limit was checked again only after the next epoch's first update, which
+    then ran, validated and checkpointed beyond train.max_seconds (found by review)."""
+    trainer = trainer_for(prepared, write_config, tmp_path / "A", max_seconds=10**6)
+    validate = trainer.validate
+
+    def validate_past_the_budget():
+        trainer._wall_base += 10**6  # the validation used up the budget
+        return validate()
+
+    trainer.validate = validate_past_the_budget
+    progress = trainer.train()
+    assert (progress.step, progress.epoch, progress.batch) == (epoch_updates(trainer), 2, 0)
+    assert [step for step, _ in valid_rows(tmp_path / "A")] == [str(progress.step)]

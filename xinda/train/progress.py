@@ -27,6 +27,9 @@ class Progress:
     # stops where an uninterrupted one would); None in checkpoints from before it: ``best``
     epoch_best: float | None = None
     bad_epochs: int = 0  # epochs since the best one
+    # the update after which the run last reached a validation (an epoch end, or the end of a
+    # run stopped inside an epoch); None in checkpoints from before it: ``step``
+    validated_step: int | None = None
     lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
     # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
     # ends and resumes: every update is in exactly one row)
@@ -37,6 +40,8 @@ class Progress:
             self.best_metric = "bleu" if self.best >= 0 else "loss"
         if self.epoch_best is None:
             self.epoch_best = self.best
+        if self.validated_step is None:
+            self.validated_step = self.step
 
     @contextmanager
     def timed(self) -> Iterator[None]:

@@ -1,16 +1,15 @@
 """The training loop: token batches, label-smoothed loss, scheduled Adam/SGD, checkpoints that
-resume exactly, validation loss (and a validation score such as BLEU, computed by a callable the
-caller passes in: ``xinda.evaluate.validation``), early stopping, progress bar, CSV log and
-curves.
+resume exactly, validation loss and score (BLEU, by a callable the caller passes in:
+``xinda.evaluate.validation``), early stopping, progress bar, CSV log and curves.
 
 Stopping: SIGINT (Ctrl-C) or SIGTERM asks training to stop. The update under way (or the
 end-of-epoch validation and checkpoint) finishes, a checkpoint of that update boundary is
 written, and KeyboardInterrupt is raised (``xinda train`` prints "interrupted", exit code 130);
 ``--resume`` then continues exactly as if training had not stopped. A second signal stops at
-once, keeping the checkpoints already written. (The handlers are installed by ``Trainer.train``
-in the main thread only, and the previous ones restored when it returns.) Under torchrun all
-ranks agree on when to stop, and a signal repeated within a second counts once (torchrun passes
-on the Ctrl-C its ranks already got from the terminal).
+once, keeping the checkpoints already written. (``Trainer.train`` installs the handlers in the
+main thread only and restores the previous ones.) Under torchrun all ranks agree on when to
+stop, and a signal repeated within a second counts once (torchrun passes on the Ctrl-C its
+ranks already got from the terminal).
 
 Data-parallel training on several processes or machines: ``xinda.train.distributed``.
 """
@@ -69,8 +68,7 @@ class Trainer:
 
     def __init__(self, cfg: ExperimentConfig, data_dir: str | Path | None = None,
                  valid_bleu: ValidBleu | None = None):
-        self.cfg, tc = cfg, cfg.train
-        self.out = Path(tc.out_dir)
+        self.cfg, tc, self.out = cfg, cfg.train, Path(cfg.train.out_dir)
         self.data_dir = Path(data_dir or cfg.data.out_dir)
         if tc.threads:
             torch.set_num_threads(tc.threads)
@@ -202,21 +200,25 @@ class Trainer:
             log.info("data-parallel: %d ranks; batch per update: %d tokens x %d ranks x %d "
                      "(update_freq)", self.ranks.world, tc.max_tokens, self.ranks.world,
                      tc.update_freq)
-        self._clock, self._wall_base, first_step = time.perf_counter(), p.wall_seconds, p.step
-        # resumed from a finished run (all ranks decide alike: the clock is each rank's)
+        self._clock, self._wall_base = time.perf_counter(), p.wall_seconds
+        # resumed from a finished run, maybe owing the epoch end or the last validation that
+        # a kill interrupted (all ranks decide alike: the clock is each rank's)
         stop = self.ranks.any(self.limit_reached() or self.stopped_early())[0]
-        while p.epoch <= tc.max_epochs and not stop:
+        while p.epoch <= tc.max_epochs and (not stop or p.batch):
             with p.timed():
                 batches = make_batches(self.train_src.lengths, self.train_tgt.lengths,
                                        tc.max_tokens, tc.seed, p.epoch)
-            stop = self.train_epoch(batches)
-            if p.batch >= len(batches):  # the epoch is over, also when a limit ended it
-                stop = self.end_of_epoch() or stop
-                self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
-        if p.batch and p.step > first_step and tc.run_validation and self.has_valid:
+            stop = stop or self.train_epoch(batches)
+            if p.batch < len(batches):
+                break  # a limit stopped training inside the epoch
+            stop = self.end_of_epoch() or stop
+            self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
+            stop = stop or self.ranks.any(self.limit_reached())[0]  # the validation's time
+        if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
             if self.ranks.is_main:  # stopped inside an epoch
                 self.validate_and_keep_best()
-            self.save()  # (all ranks) the checkpoint of this update records the new best
+            p.validated_step = p.step  # (all ranks, and their checkpoint records the new best)
+            self.save()
         self.save_unless_saved()
         if self.ranks.is_main:
             self.write_stats()
@@ -347,7 +349,7 @@ class Trainer:
                 log.info("early stopping: no improvement for %d epochs", patience)
                 stop = True
         stop = self.ranks.any(stop)[0]  # rank 0 validated: the others follow it
-        p.epoch, p.batch = p.epoch + 1, 0
+        p.epoch, p.batch, p.validated_step = p.epoch + 1, 0, p.step
         with p.timed():  # the epoch's checkpoint counts as training time, its validation not
             self.save()
         return stop
