@@ -45,6 +45,7 @@ def test_matrix_and_scalar_gates_by_hand(form, rows, randomise_norms, ln):
     gate = RetentionGate(4, form)
     randomise_norms(gate)
     with torch.no_grad():
+        gate.weight.normal_()
         gate.bias.normal_()
     current, fusion = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
     with torch.no_grad():
@@ -56,6 +57,18 @@ def test_matrix_and_scalar_gates_by_hand(form, rows, randomise_norms, ln):
     assert ((g > 0) & (g < 1)).all()
     torch.testing.assert_close(g, by_hand)
     torch.testing.assert_close(out, ln(gate.norm, (1 - g) * current + g * fusion))
+
+
+@pytest.mark.parametrize("form", ["elementwise", "matrix", "scalar"])
+def test_every_gate_form_starts_near_one_half(form):
+    """Before: the matrix and scalar forms' Xavier W gave pre-activations of std ~1.2 on
+    unit-variance inputs, some gates below 0.1 or above 0.9 from the start (found by review)."""
+    torch.manual_seed(0)
+    gate = RetentionGate(512, form)
+    current, fusion = torch.randn(4, 16, 512), torch.randn(4, 16, 512)
+    with torch.no_grad():
+        g = gate.gate(current, fusion)
+    assert (g - 0.5).abs().max() < 0.15
 
 
 @pytest.mark.parametrize("form", ["elementwise", "matrix", "scalar"])

@@ -258,9 +258,11 @@ class SublayerConnection(nn.Module):
 
     ``skip_prob`` p > 0 (``skip_probability``) adds layer dropout (textbook ch. 15): in training
     the whole sub-layer is skipped with probability p, x_{l+1} = M * F(LN(x_l)) + x_l with
-    M ~ Bernoulli(1 - p) / (1 - p), so the kept F is scaled up and inference (never skipped)
-    sees the same expectation. ``residual=False`` drops the "+ x" (only with sub-layer fusion,
-    which then carries the earlier information).
+    M ~ Bernoulli(1 - p) / (1 - p), so the kept F is scaled up and, with pre-norm, inference
+    (never skipped) sees each sub-layer's training expectation given its input. Post-norm takes the
+    LayerNorm of the sum, which is not linear: there inference only approximates it (the
+    textbook and Pham et al. 2019 use pre-norm). ``residual=False`` drops the "+ x" (only with
+    sub-layer fusion, which then carries the earlier information).
     """
 
     def __init__(self, dim: int, dropout: float, pre_norm: bool, skip_prob: float = 0.0,

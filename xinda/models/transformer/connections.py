@@ -110,15 +110,18 @@ class RetentionGate(nn.Module):
     - ``matrix`` (W in R^{D x 2D}): each g_d reads all 2D numbers; 2D^2 + D parameters;
     - ``scalar`` (W in R^{1 x 2D}): one gate per position for all dimensions; 2D + 1.
 
-    The LayerNorm adds 2D. W is Xavier-uniform over its (rows, columns) and b = 0, so every
-    form starts with gates near 0.5.
+    The LayerNorm adds 2D. Every form starts with gates at or near 0.5: b = 0, the elementwise
+    W Xavier-uniform over its (D, 2) (pre-activations of std ~0.1 at D = 512), the matrix and
+    scalar W zero (Xavier over their 2D columns would give std ~1.2-1.4: gates from 0.01 to
+    0.99, some saturated from the start).
     """
 
     def __init__(self, dim: int, form: GateForm = "elementwise"):
         super().__init__()
         self.form = form
         rows, cols = {"elementwise": (dim, 2), "matrix": (dim, 2 * dim), "scalar": (1, 2 * dim)}[form]
-        self.weight = nn.Parameter(nn.init.xavier_uniform_(torch.empty(rows, cols)))
+        init = nn.init.xavier_uniform_ if form == "elementwise" else nn.init.zeros_
+        self.weight = nn.Parameter(init(torch.empty(rows, cols)))
         self.bias = nn.Parameter(torch.zeros(rows))
         self.norm = nn.LayerNorm(dim)
 
