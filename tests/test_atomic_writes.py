@@ -3,6 +3,7 @@ one-line errors naming the path."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -21,6 +22,22 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         tmp.write_text("half")
         raise RuntimeError
     assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_a_full_disk_while_writing_names_the_file_and_keeps_the_old_one(tmp_path):
+    """Before: the write itself was outside the error naming, so a full disk (or a file-size
+    limit) printed "xinda: error: File too large" with no file (found by review)."""
+    from xinda.utils import atomic_path
+
+    target = tmp_path / "out.txt"
+    target.write_text("old\n")
+    with pytest.raises(XindaError) as err, atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as numpy's and write()'s
+    assert str(err.value) == f"{target}: cannot write: No space left on device"
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["out.txt"]
+    with pytest.raises(FileNotFoundError), atomic_path(target):  # another file's error
+        (tmp_path / "missing.txt").read_text()
 
 
 def test_a_new_file_gets_the_umasks_permissions_and_an_old_file_keeps_its_own(tmp_path):

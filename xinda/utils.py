@@ -37,7 +37,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
     try:
-        yield Path(tmp)
+        try:
+            yield Path(tmp)
+        except OSError as err:  # disk full, file too large: the write of the temporary file
+            if err.filename not in (None, tmp):
+                raise
+            raise XindaError(f"{path}: cannot write: {err.strerror or err}") from None
         with write_errors(path):
             os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
             os.replace(tmp, path)
@@ -63,9 +68,15 @@ def write_errors(path: str | Path):
 
 
 def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    """The process's umask; read from /proc where there is one, since setting it to read it
+    would briefly change the mode of files other threads (the server's) create meanwhile."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(re.search(r"^Umask:\s*([0-7]+)", status, re.M).group(1), 8)
+    except (OSError, AttributeError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 def check_writable(path: str | Path, folder: bool = False) -> None:
