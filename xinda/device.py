@@ -112,9 +112,12 @@ def tune_training_memory(onednn_cache: int, keep_heap: bool) -> None:
 
 
 def check_device(name: str) -> None:
-    """``--device`` must name a torch device that this machine has."""
+    """``--device`` must be cpu, cuda or cuda:N, and one this machine has."""
     try:
-        torch.empty(0, device=torch.device(name))
+        device = torch.device(name)
+        if device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index):
+            raise ValueError("xinda runs on cpu, cuda or cuda:N")
+        torch.empty(0, device=device)
     except Exception as err:  # noqa: BLE001 - torch raises several types for devices it lacks
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise XindaError(f"--device {name}: not available here ({reason})") from None

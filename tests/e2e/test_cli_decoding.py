@@ -119,6 +119,8 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--threads", "-1"), ("--threads must be 0 (torch's default) to 1024, got -1",)),
     (("--threads", "50000"), ("got 50000",)),  # before: a segfault
     (("--device", "bogus"), ("--device bogus: not available here",)),
+    (("--device", "meta"), ("--device meta: not available here (xinda runs on cpu, cuda",)),
+    (("--device", "cpu:3"), ("--device cpu:3: not available",)),  # before: tracebacks
     (("--sampling", "--nbest", "3"), ("--nbest: beam-search options", "--samples")),
     (("--sampling", "--beam", "7", "--stop", "best"), ("--beam, --stop: beam-search",)),
     (("--set", "decode.sampling=true", "--nbest", "3", "--beam", "4"),
