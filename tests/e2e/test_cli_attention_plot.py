@@ -90,3 +90,23 @@ def test_a_line_without_output_leaves_no_earlier_runs_picture(tmp_path):
     (tmp_path / "00001.png").write_bytes(b"an earlier run's plot")
     _plot_attention([[SimpleNamespace(attention=None)]] * 2, tmp_path)
     assert not (tmp_path / "00001.png").exists()
+
+
+def test_every_attention_column_has_its_own_source_label(trained, tmp_path):
+    """Before: specials written in pieces input (a literal "</s>") were left out of the
+    labels, and the plot put the next pieces' labels on their columns (found by review)."""
+    import pytest
+    import torch
+
+    from xinda.evaluate.attention_plot import plot_attention
+
+    translator = Translator.load(trained.model_dir)
+    pieces = [*translator.src_vocab.encode_pieces("three"), "</s>", "<s>",
+              *translator.src_vocab.encode_pieces("four")]
+    [[best]] = translator.translate([" ".join(pieces)], beam=2, input_format="pieces",
+                                    need_attention=True)
+    assert best.source_pieces == pieces
+    assert best.attention.shape == (len(best.target_pieces) + 1, len(pieces) + 1)
+    plot_attention(best.attention, best.source_pieces, best.target_pieces, tmp_path / "a.png")
+    with pytest.raises(ValueError, match=r"attention \(3, 3\) does not fit 2 target and 1"):
+        plot_attention(torch.full((3, 3), 0.5), ["x"], ["a", "b"], tmp_path / "b.png")

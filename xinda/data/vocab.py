@@ -64,6 +64,12 @@ class Vocab:
     def ids_to_pieces(self, ids: list[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids if i not in self._specials]
 
+    def labels(self, ids: list[int]) -> list[str]:
+        """One label per id, specials included (``<pad>``, ``<s>``, ``</s>``): what a model
+        read, position by position."""
+        names = {self.pad: "<pad>", self.bos: "<s>", self.eos: "</s>"}
+        return [names.get(i) or self.sp.id_to_piece(i) for i in ids]
+
     def decode(self, ids: list[int]) -> str:
         """Piece ids -> text; specials (pad/bos/eos) are dropped."""
         return self.sp.decode([i for i in ids if i not in self._specials])

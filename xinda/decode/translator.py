@@ -317,7 +317,7 @@ class Translator:
         return index
 
     def _source_pieces(self, src_ids: list[int] | None) -> list[str]:
-        return self.src_vocab.ids_to_pieces(src_ids[:-1]) if src_ids else []
+        return self.src_vocab.labels(src_ids[:-1]) if src_ids else []  # one per column
 
     def _finish(self, hyp: Hypothesis, src_ids: list[int], output_format: str) -> Translation:
         pieces = self.tgt_vocab.ids_to_pieces(hyp.tokens)

@@ -35,7 +35,10 @@ def plot_attention(weights: torch.Tensor, source: list[str], target: list[str],
     import matplotlib.pyplot as plt
 
     cols, rows = [*map(_literal, source), "</s>"], [*map(_literal, target), "</s>"]
-    weights = weights[: len(rows), : len(cols)].float().numpy()
+    if tuple(weights.shape) != (len(rows), len(cols)):  # labels would land on other columns
+        raise ValueError(f"attention {tuple(weights.shape)} does not fit {len(target)} target "
+                         f"and {len(source)} source pieces (+ EOS each)")
+    weights = weights.float().numpy()
     (col_in, col_every), (row_in, row_every) = _axis(len(cols)), _axis(len(rows))
     with plt.rc_context({"font.family": _font_families(cols + rows + [title])}), \
             warnings.catch_warnings():
