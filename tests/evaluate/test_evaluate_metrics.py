@@ -94,6 +94,21 @@ def test_bleu_by_length_cjk_chars() -> None:
     assert rows[0]["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
+@pytest.mark.parametrize("edges", [(5.5, 10), (True, 3), (3, 3), (0, 4), (10, 5)])
+def test_bucket_edges_must_be_increasing_positive_integers(edges) -> None:
+    """Before: 5.5 made the buckets "1-5.5" and "6.5-10", True made "1-True" (found by
+    review)."""
+    with pytest.raises(XindaError, match="edges must be increasing positive integers"):
+        bleu_by_length(["a b"], ["a"], ["a"], edges=edges)
+
+
+def test_numpy_bucket_edges_are_integers() -> None:
+    import numpy as np
+
+    rows = bleu_by_length(["a b c", "a"], ["x", "y"], ["x", "y"], edges=np.array([2, 4]))
+    assert [r["bucket"] for r in rows] == ["1-2", "3-4"]
+
+
 def test_read_hyps_refs(tmp_path) -> None:
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     hyp.write_text("a\nb\n", encoding="utf-8")

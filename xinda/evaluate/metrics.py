@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
+from numbers import Integral
 from pathlib import Path
 from typing import Literal
 
@@ -269,7 +270,10 @@ def bleu_by_length(
     sources form a "0" bucket. Empty buckets are left out. ``unit`` "auto" counts characters
     when the sources are mostly CJK, else whitespace-separated words.
     """
-    if list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
+    if not all(isinstance(e, Integral) and not isinstance(e, bool) for e in edges):
+        raise XindaError(f"length bucket edges must be increasing positive integers: {edges}")
+    edges = [int(e) for e in edges]  # (numpy integers too)
+    if edges != sorted(set(edges)) or (edges and edges[0] < 1):
         raise XindaError(f"length bucket edges must be increasing positive integers: {edges}")
     if unit not in ("auto", "words", "chars"):
         raise XindaError(f"unknown length unit {unit!r}; choose from auto, words, chars")
