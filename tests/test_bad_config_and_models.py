@@ -171,6 +171,8 @@ def test_yaml_merge_keys_are_read_and_may_be_given_again(tmp_path):
                             "read from the same files ({split}.en)")),
     (["data.out_dir=''"], "data.out_dir: String should have at least 1 character"),
     (["train.out_dir=''"], "train.out_dir: String should have at least 1 character"),
+    (["train.lr=1e-4", "train.min_lr=1e-3"], ("train: min_lr 0.001 is above the peak lr "
+                                              "0.0001: the rate would jump up after the warm-up")),
     (["data.src_lang=''"], "data.src_lang: String should have at least 1 character"),
     (["data.src_lang=no"], ("data.src_lang: Input should be a valid string (YAML reads "
                             "yes/no/on/off unquoted as False: quote the value)")),

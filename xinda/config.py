@@ -126,11 +126,14 @@ class TrainConfig(Strict):
         return "noam" if value == "noam_reset" else value
 
     @model_validator(mode="after")
-    def _warmup_of_inverse_sqrt(self) -> TrainConfig:
+    def _schedule_fits(self) -> TrainConfig:
         if self.schedule == "inverse_sqrt" and not self.warmup_steps:
             raise ValueError("schedule inverse_sqrt needs warmup_steps >= 1: its decay "
                              "lr * sqrt(warmup / step) starts where the warm-up ends (for a "
                              "constant rate use schedule: constant)")
+        if self.schedule != "noam" and self.min_lr > self.lr:  # (noam's lr is a scale)
+            raise ValueError(f"min_lr {self.min_lr:g} is above the peak lr {self.lr:g}: the "
+                             "rate would jump up after the warm-up")
         return self
 
 
