@@ -72,7 +72,7 @@ def _umask() -> int:
     would briefly change the mode of files other threads (the server's) create meanwhile."""
     try:
         status = Path("/proc/self/status").read_text()
-        return int(re.search(r"^Umask:\s*([0-7]+)", status, re.M).group(1), 8)
+        return int(re.search(r"^Umask:\s*([0-7]+)", status, re.MULTILINE).group(1), 8)
     except (OSError, AttributeError):
         mask = os.umask(0o022)
         os.umask(mask)

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
+from zipfile import BadZipFile
 
 import numpy as np
 
+from xinda.errors import XindaError
 from xinda.utils import atomic_path
 
 
@@ -85,12 +87,62 @@ class TokenArrays:
 
     @classmethod
     def load(cls, directory: Path, stem: str) -> TokenArrays:
-        """Memory-mapped (read-only) arrays written by ``save``."""
-        ids = np.load(directory / f"{stem}.ids.npy", mmap_mode="r")
-        offsets = np.load(directory / f"{stem}.offsets.npy", mmap_mode="r")
-        return cls(ids, offsets)
+        """Memory-mapped (read-only) arrays written by ``save``, checked to fit together (in
+        one pass over the offsets; the ids are not read)."""
+        ids_path, offsets_path = directory / f"{stem}.ids.npy", directory / f"{stem}.offsets.npy"
+        ids, offsets = _load_npy(ids_path), _load_npy(offsets_path)
+        _check_ids(ids_path, ids)
+        arrays = cls(ids, offsets)
+        arrays._lengths = _check_offsets(offsets_path, offsets, ids_path.name, len(ids))
+        return arrays
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a handle: np.save adds no suffix
         np.save(f, array)
+
+
+def _stale(path: Path, what: str) -> XindaError:
+    return XindaError(f"{path}: {what}; re-run xinda prepare")
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """A memory-mapped 1-D array, or an error naming ``path``."""
+    try:
+        array = np.load(path, mmap_mode="r")
+    except FileNotFoundError:
+        raise _stale(path, "not found") from None
+    except OSError as err:  # a directory, no permission, ...
+        raise _stale(path, f"cannot read ({err.strerror or err})") from None
+    except (ValueError, EOFError, BadZipFile):  # a truncated or foreign file
+        raise _stale(path, "damaged or truncated, not a readable .npy array") from None
+    if not isinstance(array, np.ndarray):  # an .npz archive
+        array.close()
+        raise _stale(path, "damaged or truncated, not a readable .npy array")
+    if array.ndim != 1:
+        raise _stale(path, f"a {array.ndim}-D array, not 1-D")
+    return array
+
+
+def _check_ids(path: Path, ids: np.ndarray) -> None:
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise _stale(path, f"ids of type {ids.dtype}, not integers")
+
+
+def _check_offsets(path: Path, offsets: np.ndarray, ids_name: str, n_ids: int) -> np.ndarray:
+    """The sentence lengths of ``offsets``, checked against the ``n_ids`` ids of ``ids_name``."""
+    if offsets.dtype != np.int64:
+        raise _stale(path, f"offsets of type {offsets.dtype}, not int64")
+    if not len(offsets):
+        raise _stale(path, "no offsets (not even the initial 0)")
+    if offsets[0] != 0:
+        raise _stale(path, f"the offsets start at {int(offsets[0])}, not 0")
+    lengths = np.diff(offsets)
+    if (lengths < 0).any():
+        i = int(np.argmax(lengths < 0))
+        raise _stale(path, f"the offsets decrease: sentence {i} would run from "
+                           f"{int(offsets[i])} back to {int(offsets[i + 1])}")
+    if offsets[-1] != n_ids:
+        raise _stale(path, f"the offsets end at {int(offsets[-1])}, but {ids_name} has "
+                           f"{n_ids} ids")
+    return lengths

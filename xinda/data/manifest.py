@@ -43,12 +43,39 @@ def load_manifest(data_dir: str | Path) -> dict:
 
 
 def load_split(data_dir: str | Path, split: str) -> tuple[TokenArrays, TokenArrays]:
-    """Memory-mapped (src, tgt) token arrays of one split."""
+    """Memory-mapped (src, tgt) token arrays of one split, checked to hold the same number of
+    sentences (the pairs the manifest records, where it does)."""
     data_dir = Path(data_dir)
+    manifest = load_manifest(data_dir)
     if not (data_dir / f"{split}.src.ids.npy").is_file():
-        available = ", ".join(load_manifest(data_dir)["splits"])
+        available = ", ".join(manifest["splits"])
         raise XindaError(f"{data_dir}: no split '{split}' (available: {available})")
-    return TokenArrays.load(data_dir, f"{split}.src"), TokenArrays.load(data_dir, f"{split}.tgt")
+    arrays = {side: TokenArrays.load(data_dir, f"{split}.{side}") for side in SIDES}
+    _check_pairs(data_dir, split, manifest, arrays)
+    return arrays["src"], arrays["tgt"]
+
+
+def _check_pairs(data_dir: Path, split: str, manifest: dict,
+                 arrays: dict[str, TokenArrays]) -> None:
+    """Both sides hold the pairs the manifest records (where it records none: as many as each
+    other)."""
+    pairs = _recorded(manifest, "splits", split, "pairs")
+    if pairs is None:
+        pairs, source = len(arrays["src"]), f"{split}.src.offsets.npy has {len(arrays['src'])}"
+    else:
+        source = f"{data_dir / MANIFEST} records {pairs} pairs for split '{split}'"
+    for side in SIDES:
+        if len(arrays[side]) != pairs:
+            raise XindaError(f"{data_dir / f'{split}.{side}.offsets.npy'}: {len(arrays[side])} "
+                             f"sentences, but {source}; re-run xinda prepare")
+
+
+def _recorded(manifest: dict, *keys: str) -> int | None:
+    """The count at ``manifest[k1][k2]...``; None where an older manifest lacks it."""
+    value = manifest
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -69,14 +96,21 @@ class Vocabularies:
 
 
 def _side_vocab(directory: Path, manifest: dict, side: str) -> Vocab:
+    """One side's vocabulary, checked against the piece count the manifest records (manifests
+    older than ``vocab_sizes`` record none)."""
     path = directory / manifest["spm"][side]
     if not path.is_file():
         raise XindaError(f"{path}: sentencepiece model not found — run xinda prepare again")
     try:
-        return Vocab(path)
+        vocab = Vocab(path)
     except (RuntimeError, OSError):
         raise XindaError(f"{path}: not a valid sentencepiece model — run xinda prepare again"
                          ) from None
+    recorded = _recorded(manifest, "vocab_sizes", side)
+    if recorded is not None and recorded != vocab.pieces:
+        raise XindaError(f"{path}: {directory / MANIFEST} was prepared with a sentencepiece model "
+                         f"of {recorded} pieces, this one has {vocab.pieces}: re-run xinda prepare")
+    return vocab
 
 
 def load_vocabularies(directory: str | Path, manifest: dict | None = None) -> Vocabularies:
