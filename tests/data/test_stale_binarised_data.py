@@ -159,8 +159,9 @@ def test_a_replaced_sentencepiece_model_is_refused(data, small_model):
     m = load_vocabularies(small_model.parent).src.pieces
     assert m != n
     assert error(load_vocabularies, data) == (
-        f"{data / 'spm.model'}: {data / 'manifest.json'} was prepared with a sentencepiece "
-        f"model of {n} pieces, this one has {m}: {AGAIN}")
+        f"{data / 'spm.model'}: {m} pieces, but {data / 'manifest.json'} records {n}: not the "
+        "sentencepiece model this directory was made with (re-run xinda prepare, or put the "
+        "original back)")
 
 
 def test_a_manifest_without_vocab_sizes_skips_the_check(data, small_model):

@@ -3,6 +3,7 @@ nothing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 from xinda.data.manifest import load_manifest
@@ -31,5 +32,8 @@ def test_models_with_other_vocabularies_are_refused(trained, prepared, xinda, on
     shutil.copytree(trained.model_dir, copy)
     spm = load_manifest(copy)["spm"]["tgt"]
     shutil.copyfile(other_data / spm, copy / spm)  # same file name, another vocabulary
+    manifest = load_manifest(copy)  # ... recorded as the one it was made with
+    manifest["vocab_sizes"] = load_manifest(other_data)["vocab_sizes"]
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     proc = xinda("translate", trained.model_dir, "--ensemble", copy, input="five\n", ok=False)
     one_line_error(proc, f"--ensemble {copy}", "vocabulary", "differs")

@@ -108,8 +108,9 @@ def _side_vocab(directory: Path, manifest: dict, side: str) -> Vocab:
                          ) from None
     recorded = _recorded(manifest, "vocab_sizes", side)
     if recorded is not None and recorded != vocab.pieces:
-        raise XindaError(f"{path}: {directory / MANIFEST} was prepared with a sentencepiece model "
-                         f"of {recorded} pieces, this one has {vocab.pieces}: re-run xinda prepare")
+        raise XindaError(f"{path}: {vocab.pieces} pieces, but {directory / MANIFEST} records "
+                         f"{recorded}: not the sentencepiece model this directory was made "
+                         "with (re-run xinda prepare, or put the original back)")
     return vocab
 
 
