@@ -93,6 +93,34 @@ def test_encoder_output_unchanged_by_extra_padding(fields, make_model, make_src,
             torch.testing.assert_close(part_alone[0], part_b[1], atol=1e-6, rtol=1e-5)
 
 
+def _silence_layers_above_first(stack: torch.nn.ModuleList) -> None:
+    """Zero every weight of layers 2.. : an LSTM layer then outputs exactly 0."""
+    with torch.no_grad():
+        for layer in stack[1:]:
+            for weight in layer.parameters():
+                weight.zero_()
+
+
+def test_residual_layers_add_their_input_before_dropout(make_model):
+    """TF-NMT wraps the dropout inside the residual: with layers 2.. outputting 0, the stack's
+    output is layer 1's output whatever the dropout between layers draws."""
+    model = make_model(TINY, encoder_layers=3, decoder_layers=3, residual_from=2,
+                       dropout=0.5, decoder_init="zeros")
+    _silence_layers_above_first(model.encoder.layers)
+    _silence_layers_above_first(model.decoder.layers)
+    x = torch.randn(2, 4, 8)
+    no_pad = torch.zeros(2, 4, dtype=torch.bool)
+    enc_eval = model.encoder(x, no_pad)
+    dec_eval = model.decoder._stack(x, model.decoder.initial_state(enc_eval), 0)
+    model.train()
+    torch.manual_seed(3)
+    enc_train = model.encoder(x, no_pad)
+    dec_train = model.decoder._stack(x, model.decoder.initial_state(enc_eval), 0)
+    torch.testing.assert_close(enc_train.memory, enc_eval.memory)
+    torch.testing.assert_close(dec_train, dec_eval)
+    assert enc_eval.memory.abs().sum() > 0
+
+
 @pytest.mark.parametrize("name", ["rnn-bahdanau", "gnmt", "luong-local-p-if-gru",
                                   "luong-location-rnn"])
 def test_reference_path_equals_fused_path(name, make_model, make_src, make_prev):

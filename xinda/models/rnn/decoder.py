@@ -97,11 +97,11 @@ class RNNDecoder(nn.Module):
 
     def _stack(self, x: Tensor, state: dict, first: int, context: Tensor | None = None) -> Tensor:
         """Layers first.. over x (B, T, In): dropout between layers, ``context`` (B, T, M)
-        joins every layer's input (GNMT), residual layers add their hidden input."""
+        joins every layer's input (GNMT), residual layers add their hidden input before
+        dropout, as TF-NMT's ResidualWrapper around its DropoutWrapper does."""
         for i in range(first, len(self.layers)):
-            if i > 0:
-                x = self.dropout(x)  # between layers
-            out = self._layer(i, x if context is None else torch.cat([x, context], -1), state)
+            inp = self.dropout(x) if i > 0 else x  # dropout between layers
+            out = self._layer(i, inp if context is None else torch.cat([inp, context], -1), state)
             x = out + x if self.cfg.residual(i) else out
         return x  # (B, T, H)
 

@@ -79,10 +79,9 @@ class RNNEncoder(nn.Module):
         run = self._unpadded if self.reference else self._packed
         final = []
         for layer, rnn in enumerate(self.layers):
-            if layer > 0:
-                x = self.dropout(x)  # between layers
-            out, state = run(rnn, x, lengths)  # (B, S, dirs*H)
-            x = out + x if self.cfg.residual(layer) else out
+            inp = self.dropout(x) if layer > 0 else x  # dropout between layers
+            out, state = run(rnn, inp, lengths)  # (B, S, dirs*H)
+            x = out + x if self.cfg.residual(layer) else out  # residual: the undropped input
             final.append(from_module_state(self.cfg.cell, state))
         memory = reverse_padded(x, lengths) if self.cfg.reverse_source else x  # (B, S, M)
         return RNNEncoderOut(memory, src_pad, final)
