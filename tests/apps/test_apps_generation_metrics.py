@@ -39,9 +39,12 @@ def test_characters():
 
 def test_tones_and_level_oblique():
     assert [tone(ch) for ch in "江人雨月"] == [1, 2, 3, 4]  # jiang1 ren2 yu3 yue4
-    assert tone("吧") == 5  # neutral (ba5 is its default reading)
     assert tone("，") is None and tone("a") is None
-    assert [level_oblique(ch) for ch in "江人雨月吧"] == [LEVEL, LEVEL, OBLIQUE, OBLIQUE, None]
+    assert [level_oblique(ch) for ch in "江人雨月"] == [LEVEL, LEVEL, OBLIQUE, OBLIQUE]
+    # a neutral default reading gives way to the first toned one: zi5 shang5 le5 ba5
+    assert [tone(ch) for ch in "子裳了吧"] == [3, 2, 3, 1]  # zi3 chang2 liao3 ba1
+    assert tone_rule_rate(["天涯望游子"], ["江上有归人"]) == (100.0, 1)  # 子 仄, 人 平
+    assert rhymes("春花秋月何时了", "往事知多少")  # liao3 / shao3
     assert tone("长") == 3  # the default reading zhang3, not the poetic chang2 (documented)
 
 

@@ -2,18 +2,19 @@
 
 Every metric is one small function whose docstring gives its definition. Lines are compared as
 sequences of their non-whitespace characters, so char-tokenised output ("细 韵 风") and plain
-text ("细韵风") score the same. Percentages are 0-100; ``distinct_n`` is a ratio in [0, 1], as
-in Li et al. (2016).
+text ("细韵风") score the same. Percentages are 0-100; ``distinct_n`` is a ratio in [0, 1]
+(after Li et al. 2016).
 
 Tones and rhymes are those of modern Standard Mandarin from pypinyin, read from each character
 alone with pypinyin's default (most frequent) reading: level tone 平 = tones 1 and 2, oblique
 tone 仄 = tones 3 and 4 (the 新韵 convention; the old entering tone 入声 is not recovered, so
 e.g. 白 bai2 counts as level). The default reading is a deliberate choice: requiring all of a
-character's readings to agree leaves line endings such as 知 (zhi1, zhi4) or 子 (zi3, zi5)
-undecided, and measured on the poetry-couplets test set the second lines of the reference
-pairs met the tone rule 95% of the time with default readings but 69% with all readings.
-Polyphonic characters whose default reading is not the poetic one (长 zhang3 for chang2) are
-scored by the default reading.
+character's readings to agree leaves line endings such as 知 (zhi1, zhi4) undecided, and
+measured on the poetry-couplets test set the second lines of the reference pairs met the tone
+rule 95% of the time with default readings but 69% with all readings. A default reading in
+the neutral tone (子 zi5, 了 le5, 裳 shang5) gives way to the character's first toned reading
+(zi3, liao3, chang2). Other polyphonic characters whose default reading is not the poetic one
+(长 zhang3 for chang2) are scored by the default reading.
 
 Rhyme groups are the fourteen rhymes of 中华新韵 (Chinese Poetry Society, 2005), by pinyin
 final: a medial i/u/ü does not change the group (ang, iang, uang rhyme), en/in/un/ün share one
@@ -83,16 +84,20 @@ def is_punctuation(ch: str) -> bool:
 @cache
 def _reading(ch: str) -> str | None:
     """pypinyin's default reading of ``ch`` alone with a tone number 1-5 (5 = neutral), e.g.
-    "jiang1"; None for a non-Han character."""
+    "jiang1", or its first toned reading when the default is neutral (子 zi5 -> zi3, 裳 shang5
+    -> chang2): a character standing alone in verse is not in a neutral tone. None for a
+    non-Han character."""
     if len(ch) != 1 or not is_han(ch):
         return None
-    syllable = pinyin(ch, style=Style.TONE3, neutral_tone_with_five=True)[0][0]
-    return syllable if syllable[-1:].isdigit() else None
+    readings = pinyin(ch, style=Style.TONE3, neutral_tone_with_five=True, heteronym=True)[0]
+    readings = [r for r in readings if r[-1:].isdigit()]
+    toned = [r for r in readings if not r.endswith("5")]
+    return (toned or readings or [None])[0]
 
 
 def tone(ch: str) -> int | None:
-    """The tone of ``ch``: 1-4, or 5 for the neutral tone; None when it is not a Han character
-    (or has no reading)."""
+    """The tone of ``ch`` (see ``_reading``): 1-4, or 5 when pypinyin knows only neutral
+    readings; None when it is not a Han character (or has no reading)."""
     reading = _reading(ch)
     return None if reading is None else int(reading[-1])
 
@@ -245,9 +250,11 @@ def poem_layout_ok(poem: str, form: int, lines: int = 4, acrostic: str = "") -> 
 
 
 def distinct_n(hyps: Sequence[str], n: int) -> float:
-    """Distinct-n (Li et al. 2016): the number of distinct character n-grams divided by the
-    total number of character n-grams, over all hypotheses (n-grams do not cross lines;
-    whitespace is dropped first, punctuation counts). 0.0 when there is no n-gram."""
+    """Distinct-n, in its common per-n-gram form: the number of distinct character n-grams
+    divided by the total number of character n-grams, over all hypotheses (n-grams do not
+    cross lines; whitespace is dropped first, punctuation counts). Li et al. (2016) divide by
+    the number of generated tokens instead; the two agree for n = 1, and for 7-character
+    lines this distinct-2 is 7/6 of theirs. 0.0 when there is no n-gram."""
     if n < 1:
         raise XindaError(f"distinct-n needs n >= 1, got {n}")
     if not hyps:
