@@ -152,3 +152,36 @@ def test_another_architecture_names_missing_and_unexpected_tensors(tmp_path):
     with pytest.raises(XindaError, match=rf"^{path}: weights do not fit the model \(a different "
                                          r"architecture\?\): missing \['encoder_layers\.1\."):
         load_weights(tiny(30, encoder_layers=2), path)
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3], ids=["weights", "state-tensors", "state-json"])
+def test_a_full_disk_while_saving_a_step_again_keeps_its_first_save(tmp_path, monkeypatch,
+                                                                     failing):
+    """An epoch that ends on a ``save_every`` step saves that step twice; the disk filling up
+    during the second save leaves the first one complete, and the error names the step's file."""
+    model = saved_twice(tmp_path)
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == failing:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    names = ["step_0000002.safetensors", "step_0000002.state.safetensors",
+             "step_0000002.state.json"]
+    with pytest.raises(XindaError) as err:
+        save_checkpoint(tmp_path, 2, model, {"progress": {"step": 2, "epoch": 1}}, keep_last=5)
+    assert str(err.value) == (f"{tmp_path / 'checkpoints' / names[failing - 1]}: cannot write: "
+                              "No space left on device")
+    monkeypatch.undo()
+    assert_intact(tmp_path)
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+    model = saved_twice(tmp_path)
+    save_checkpoint(tmp_path, 2, model, {"progress": {"step": 2, "epoch": 1}}, keep_last=5)
+    folder = tmp_path / "checkpoints"
+    assert load_state(folder / "step_0000002.safetensors")["progress"] == {"step": 2, "epoch": 1}
+    assert len(list_checkpoints(tmp_path)) == 2 and len(list(folder.iterdir())) == 6

@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -177,29 +178,55 @@ def save_checkpoint(model_dir: str | Path, step: int, model: torch.nn.Module,
                     state: dict, keep_last: int) -> Path:
     """Write the weights, the state's tensors, then its JSON document (with the checksums of
     both) for ``step``; delete all but the newest ``keep_last`` checkpoints. Returns the weights'
-    path. If writing fails, the files of a new step written so far are removed again."""
+    path. If writing fails, the files of a new step written so far are removed again; a step
+    saved a second time (an epoch's end on a ``save_every`` step) is written aside and swapped
+    in only when complete, so a failure keeps the first save."""
     folder = checkpoint_dir(model_dir)
     weights = folder / f"step_{step:07d}.safetensors"
-    document, tensors = split_state(state)
-    new = not state_json(weights).exists()
-    try:
-        save_weights(model, weights)
-        _write(state_tensors(weights), lambda tmp: save_file(tensors, str(tmp)))
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-                 for p in (weights, state_tensors(weights))}
-        text = json.dumps({"format_version": FORMAT_VERSION, "step": step, "files": files,
-                           "state": document}, indent=1)
-        _write(state_json(weights), lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    except BaseException:
-        if new:
+    if state_json(weights).exists():
+        _resave(weights, step, model, state)
+    else:
+        try:
+            _write_checkpoint(weights, step, model, state)
+        except BaseException:
             for path in (weights, state_tensors(weights)):
                 with contextlib.suppress(OSError):
                     path.unlink(missing_ok=True)
-        raise
+            raise
     for old in list_checkpoints(model_dir, verify=False)[:-keep_last]:
         for path in (state_json(old), state_tensors(old), old):  # the commit mark first
             path.unlink(missing_ok=True)
     return weights
+
+
+def _write_checkpoint(weights: Path, step: int, model: torch.nn.Module, state: dict) -> None:
+    """The three files of checkpoint ``weights``, the JSON document (the commit mark) last."""
+    document, tensors = split_state(state)
+    save_weights(model, weights)
+    _write(state_tensors(weights), lambda tmp: save_file(tensors, str(tmp)))
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in (weights, state_tensors(weights))}
+    text = json.dumps({"format_version": FORMAT_VERSION, "step": step,
+                       "files": files, "state": document}, indent=1)
+    _write(state_json(weights), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _resave(weights: Path, step: int, model: torch.nn.Module, state: dict) -> None:
+    """Save over the complete checkpoint ``weights``: all three files are written in a staging
+    folder first, then moved in by three renames with the old commit mark removed before them,
+    so that a full disk or a crash while writing leaves the old checkpoint whole."""
+    staging = weights.parent / f".{weights.stem}.resave"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a crash
+    try:
+        try:
+            _write_checkpoint(staging / weights.name, step, model, state)
+        except XindaError as err:  # name the checkpoint's own file
+            raise XindaError(str(err).replace(str(staging), str(weights.parent))) from None
+        state_json(weights).unlink()
+        for name in (weights, state_tensors(weights), state_json(weights)):
+            os.replace(staging / name.name, name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _read_document(weights: Path, verify: bool) -> tuple[dict | None, str]:
