@@ -9,7 +9,8 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from xinda.serve.app import create_app
+from xinda.errors import XindaError
+from xinda.serve.app import check_address, create_app
 from xinda.serve.models import load_models
 from xinda.serve.settings import ServeSettings
 
@@ -288,6 +289,16 @@ def test_limits_on_texts_characters_and_body(make_client):
         chunks = (b"x" * 100 for _ in range(100))  # no Content-Length: counted while read
         assert_error(client.post("/v1/translate", content=chunks), 413, "too_large")
         assert post(client, "/v1/translate", text="one").status_code == 200
+    with make_client(("poetry",), max_chars=20) as client:  # before: keywords[0], the dropped
+        assert_error(post(client, "/v1/poem", keywords=["\u200b", "春" * 21]), 422,
+                     "text_too_long", "keywords[1]")
+
+
+def test_an_unresolvable_host_is_named():
+    """Before: "Unknown error -2" (``os.strerror`` of a name-lookup code)."""
+    with pytest.raises(XindaError, match=r"^\[::1\]: cannot resolve the host name: .*"
+                                         r"\(write an IPv6 address without brackets\)$"):
+        check_address("[::1]", 8000)
 
 
 def test_work_is_limited(make_client):

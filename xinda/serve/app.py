@@ -263,7 +263,9 @@ def routes(svc: Service) -> APIRouter:
         check_unicode(req)
         model = svc.model(req.model, "poetry")
         prompt = PoemPrompt(req.keyword_list(), req.form, req.acrostic)
-        svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)
+        sent = req.keywords if isinstance(req.keywords, list) else [req.keywords]
+        svc.texts(sent or [""], "keywords", empty_ok=True)  # lengths, by the indices sent
+        svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)  # words' count
         prompt.check("poem")
         options = given({"nbest": req.n_best, "rhyme": req.rhyme})
         [outputs] = await svc.run(request, model, "poem", options, [prompt])
@@ -351,6 +353,11 @@ def check_address(host: str, port: int) -> None:
     """Fail in one line, before the models load, where the server could not listen (uvicorn
     would log its error and exit with 3)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except socket.gaierror as err:  # create_server would say "Unknown error -2"
+        hint = " (write an IPv6 address without brackets)" if host.startswith("[") else ""
+        raise XindaError(f"{host}: cannot resolve the host name: {err.strerror}{hint}") from None
     try:
         with socket.create_server((host, port), family=family):
             pass
