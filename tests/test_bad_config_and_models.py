@@ -177,6 +177,19 @@ def test_yaml_merge_keys_are_read_and_may_be_given_again(tmp_path):
     (["data.src_lang=no"], ("data.src_lang: Input should be a valid string (YAML reads "
                             "yes/no/on/off unquoted as False: quote the value)")),
     (["train.threads=1025"], "train.threads: Input should be less than or equal to 1024"),
+    # booleans: pydantic's lax mode read them as 1 and 0
+    (["train.max_epochs=yes"], ("train.max_epochs: expected a number, got the boolean True "
+                                "(YAML reads yes/no/on/off/true/false unquoted as booleans)")),
+    (["train.betas=[0.9, off]"], ("train.betas: expected a number, got the boolean False "
+                                  "(YAML reads yes/no/on/off/true/false unquoted as booleans)")),
+    (["decode.beam=on"], ("decode.beam: expected a number, got the boolean True "
+                          "(YAML reads yes/no/on/off/true/false unquoted as booleans)")),
+    # another optimizer's or schedule's settings were silently ignored
+    (["train.momentum=0.9"], "train: momentum applies only with optimizer sgd (it is adam)"),
+    (["train.optimizer=sgd", "train.eps=1e-6"],
+     "train: eps applies only with optimizer adam (it is sgd)"),
+    (["train.decay_every=10"],
+     "train: decay_every applies only with schedule step (it is inverse_sqrt)"),
 ])
 def test_settings_that_cannot_work_are_refused(overrides, message):
     """Found by review: an empty out_dir wrote the dataset into the current folder, the same
@@ -199,3 +212,18 @@ def test_too_many_threads_is_one_line_not_a_crash():
 
     assert "--threads must be 0 (torch's default) to 1024, got 50000" in error(set_threads, 50000)
     assert "got -1" in error(set_threads, -1)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"preset": ["transformer-tiny"]}, "model.preset: unknown preset ['transformer-tiny']"),
+    ({"arch": {"a": 1}}, "model.arch: unknown architecture {'a': 1}"),
+    ({"preset": "transformer-tiny", "arch": "rnn"},
+     "model.arch: 'rnn' conflicts with preset 'transformer-tiny', a transformer model"),
+    ({"arch": "rnn", "embed_dim": True}, "model.embed_dim: expected a number, got the boolean"),
+])
+def test_model_specs_of_the_wrong_shape_are_one_line(spec, message):
+    """Before: "unhashable type" tracebacks, "model.d_model: Extra inputs are not permitted"
+    for a key the user never wrote, and embed_dim true read as 1."""
+    from xinda.models.registry import resolve
+
+    assert error(resolve, spec).startswith(message)

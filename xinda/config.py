@@ -9,10 +9,18 @@ the key's dotted path.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from xinda.errors import XindaError
 from xinda.utils import MAX_THREADS, atomic_write_text
@@ -26,8 +34,29 @@ MAX_DIST_TIMEOUT = 10 * 365 * 86400.0  # seconds: ten years, "forever" (timedelt
 MAX_LENGTH = 1_000_000  # |max_len_b|: beyond any position table
 
 
+def _is_number(annotation: Any) -> bool:
+    """Whether a field's type takes numbers but not booleans (int, float, their unions,
+    ``Annotated`` forms and tuples)."""
+    if annotation in (bool, Any):
+        return False
+    args = get_args(annotation)
+    return annotation in (int, float) or (any(map(_is_number, args))
+                                          and not any(a in (bool, Any) for a in args))
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1, and YAML reads yes/no/on/off unquoted as booleans
+        items = value if isinstance(value, (list, tuple)) else [value]
+        flag = next((v for v in items if isinstance(v, bool)), None)
+        if flag is not None and _is_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, got the boolean {flag} (YAML reads "
+                             "yes/no/on/off/true/false unquoted as booleans)")
+        return value
 
 
 class DataConfig(Strict):
@@ -134,7 +163,20 @@ class TrainConfig(Strict):
         if self.schedule != "noam" and self.min_lr > self.lr:  # (noam's lr is a scale)
             raise ValueError(f"min_lr {self.min_lr:g} is above the peak lr {self.lr:g}: the "
                              "rate would jump up after the warm-up")
+        for problem in self._unused_settings():
+            raise ValueError(problem)
         return self
+
+    def _unused_settings(self):
+        """Settings of the other optimizer or schedule, which would be silently ignored."""
+        changed = {name for name, field in type(self).model_fields.items()
+                   if getattr(self, name) != field.default}
+        only = {"momentum": ("optimizer", "sgd"), "betas": ("optimizer", "adam"),
+                "eps": ("optimizer", "adam"), "decay_every": ("schedule", "step"),
+                "decay_factor": ("schedule", "step")}
+        for name, (key, needed) in only.items():
+            if name in changed and getattr(self, key) != needed:
+                yield f"{name} applies only with {key} {needed} (it is {getattr(self, key)})"
 
 
 class DecodeConfig(Strict):

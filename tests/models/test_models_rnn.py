@@ -33,7 +33,7 @@ COMBOS = {
     "luong-location-rnn": {"cell": "rnn", "attention": "location", "max_positions": 16},
     "gnmt-if-residual": {"attention": "concat", "attention_style": "gnmt", "decoder_layers": 3,
                          "input_feeding": True, "residual_from": 2},
-    "none-zeros-gru": {"attention": "none", "cell": "gru", "decoder_init": "zeros"},
+    "none-learned-gru": {"attention": "none", "cell": "gru", "decoder_init": "learned"},
     "learned-deeper-encoder": {"encoder_layers": 3, "decoder_layers": 2, "bidirectional": True},
     "learned-deeper-decoder": {"encoder_layers": 1, "decoder_layers": 3, "residual_from": 2},
     "bi-bottom-residual": {"encoder_layers": 3, "bidirectional": True,
@@ -298,6 +298,7 @@ def test_tied_shared_and_separate_embeddings(make_model, make_src, make_prev, vo
     ({"bidirectional_bottom_only": True}, "needs bidirectional"),
     ({"tie_output": True, "embed_dim": 16}, "tie_output needs"),
     ({"residual_from": 1}, "residual_from 1"),
+    ({"attention": "none", "decoder_init": "zeros"}, "never reads the source"),
     ({"bidirectional": True, "bidirectional_bottom_only": True, "residual_from": 2},
      "residual encoder layer 2 maps width 16 to 8"),
 ])

@@ -57,13 +57,16 @@ def resolve(spec: dict[str, Any], where: str = "") -> BaseModel:
     fields: dict[str, Any] = {}
     if "preset" in spec:
         name = spec.pop("preset")
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise XindaError(f"{head}model.preset: unknown preset {name!r}; known: "
                              f"{', '.join(PRESETS)}")
         fields.update(PRESETS[name])
+        if spec.get("arch", fields["arch"]) != fields["arch"]:
+            raise XindaError(f"{head}model.arch: {spec['arch']!r} conflicts with preset "
+                             f"{name!r}, a {fields['arch']} model (drop one of them)")
     fields.update(spec)
     arch = fields.get("arch")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise XindaError(f"{head}model.arch: unknown architecture {arch!r}; known: "
                          f"{', '.join(ARCHITECTURES)}")
     try:

@@ -87,6 +87,9 @@ class RNNConfig(ModelConfig):
                                              or self.encoder_layers != self.decoder_layers):
             yield ("decoder_init final copies each encoder layer's final state: it needs a "
                    "unidirectional encoder and encoder_layers == decoder_layers")
+        if not attn and self.decoder_init == "zeros":
+            yield ("attention 'none' with decoder_init zeros never reads the source: use "
+                   "decoder_init learned or final, or an attention")
         if self.tie_output and self.embed_dim != self.hidden_dim:
             yield "tie_output needs embed_dim == hidden_dim"
         if self.residual_from == 1:
