@@ -176,12 +176,22 @@ def _read_error(name: str, lines_read: int, err: Exception) -> str:
     return f"{name}: read error: {reason} ({where})"
 
 
+def looks_utf16(raw: bytes) -> bool:
+    """Whether a line of 4+ bytes (its line break aside) has NUL at every even or every odd
+    position, as UTF-16 of Latin text has."""
+    raw = raw.rstrip(b"\r\n")
+    return len(raw) >= 4 and (not raw[0::2].strip(b"\0") or not raw[1::2].strip(b"\0"))
+
+
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
     """Decode a binary line stream as UTF-8; ``name`` (a path or "<stdin>") goes in errors.
 
     A stream that fails while being read (truncated or corrupt gzip, I/O error) raises
     XindaError, never EOFError: the CLI framework would turn that into a bare "Aborted!".
-    A UTF-8 byte-order mark at the start of the stream is dropped.
+    A UTF-8 byte-order mark at the start of the stream is dropped. A first line of 4 or more
+    bytes with a NUL byte at every other position is an error: UTF-16 without a byte-order
+    mark, which decodes as valid UTF-8 where it writes Latin letters. (A stray NUL elsewhere is
+    a control character, cleaned or dropped like the others.)
     """
     lines, lineno = iter(stream), 0
     while True:
@@ -198,6 +208,9 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
             bad = raw[err.start:err.start + 1]
             raise XindaError(f"{name}:{lineno}: invalid UTF-8 (byte {err.start}: {bad!r})"
                              ) from None
+        if lineno == 1 and looks_utf16(raw):
+            raise XindaError(f"{name}:1: NUL bytes at every other position: UTF-16 text? "
+                             "(convert it to UTF-8, e.g. with iconv -f UTF-16LE -t UTF-8)")
         if lineno == 1:
             line = line.removeprefix("\ufeff")  # byte-order mark
         yield line.rstrip("\r\n")

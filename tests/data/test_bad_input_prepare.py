@@ -296,6 +296,33 @@ def test_a_byte_order_mark_is_dropped_from_the_first_line_only():
     assert lines == ["one", "\ufefftwo"]
 
 
+def test_a_utf16_file_is_an_error_not_garbage(tmp_path):
+    """Before: UTF-16 without a byte-order mark read as valid UTF-8 with NUL bytes, and prepare
+    took it as a valid set of garbage (exit 0)."""
+    import io
+
+    train = corpus(tmp_path, "train", lines(200), lines(200, 1))
+    valid = tmp_path / "valid"
+    for lang, offset in (("en", 0), ("de", 1)):
+        text = "".join(f"{x}\n" for x in lines(5, offset))
+        (tmp_path / f"valid.{lang}").write_bytes(text.encode("utf-16-le"))
+    message = prepare_error(config(tmp_path, train=train, valid=str(valid)))
+    assert message == (f"{valid}.en:1: NUL bytes at every other position: UTF-16 text? "
+                       "(convert it to UTF-8, e.g. with iconv -f UTF-16LE -t UTF-8)")
+    assert "UTF-16" in error_of(decode_lines, "ok\n".encode("utf-16-be"))
+    # a stray NUL is a control character, as before (cleaned or dropped by the readers)
+    assert list(decode_lines(io.BytesIO(b"a\x00b\nnot\x00ok\n"), "x.txt")) == ["a\x00b",
+                                                                                "not\x00ok"]
+
+
+def error_of(read, data: bytes) -> str:
+    import io
+
+    with pytest.raises(XindaError) as err:
+        list(read(io.BytesIO(data), "x.txt"))
+    return str(err.value)
+
+
 def test_translation_cleans_control_characters_like_prepare():
     from xinda.data.text import TextPipeline
 

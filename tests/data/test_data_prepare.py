@@ -262,3 +262,17 @@ def test_token_arrays(tmp_path):
     TokenArrays.from_sequences([]).save(tmp_path, "empty")
     empty = TokenArrays.load(tmp_path, "empty")
     assert len(empty) == 0 and empty.ids.dtype == np.int32 and empty.offsets.tolist() == [0]
+
+
+def test_sentencepiece_learns_the_characters_of_lines_over_4192_bytes(tmp_path):
+    """Before: sentencepiece skipped training lines over 4192 bytes (its default
+    max_sentence_length) without a word, so characters only they held became <unk>."""
+    import sentencepiece as spm
+
+    from xinda.data.prepare import train_spm
+
+    long = " ".join(f"жук{j % 10}" for j in range(700))  # 5599 bytes
+    lines = [f"the cat {i}" for i in range(100)] + [long] * 3
+    sp = spm.SentencePieceProcessor(model_proto=train_spm(lines, config(tmp_path, vocab_size=60)))
+    assert sp.unk_id() not in sp.encode(long[:40])
+    assert sp.decode(sp.encode(long)) == long

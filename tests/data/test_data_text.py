@@ -25,6 +25,14 @@ from xinda.data.text import SPACE_MARK, TextPipeline
         ("fr", "L’homme d’État arrive."),
         # before: "10:30: 45", "9:00 – 10:00", "1990 – 2000", "3: 2:1"
         ("en", "It ran 10:30:45, open 9:00–10:00 in 1990–2000; votes 3:2:1."),
+        # before: "“yes ” and", "“yes, ” she", "«Привет »,", "» Hallo «", "”ja ”"
+        ("en", "He said “yes” and left."),
+        ("en", "“Yes,” she said, “it is.”"),
+        ("de", "Er sagte »Hallo« und „gut“, sie ”ja”."),
+        ("xx", "«Привет», сказал он."),
+        ("fr", "Il a dit « oui » et s’en alla."),  # French spaces its guillemets
+        # before: "R & D and / or Q & A at info @ acme.com, 1 / 2"
+        ("en", "R&D and/or Q&A at info@acme.com, 1/2 off."),
     ],
 )
 def test_moses_round_trip(lang, line):
@@ -32,6 +40,26 @@ def test_moses_round_trip(lang, line):
     tokens = pipe.preprocess(line)
     assert tokens != line and "  " not in tokens
     assert pipe.postprocess(tokens) == line
+
+
+@pytest.mark.parametrize("unit", ["at 10:30", "Meet at 10:30, it's R&D and/or ‘Tom’s’ today",
+                                  "Er sagt: „Wie geht’s?“ Es ist 9:00–10:00."])
+def test_moses_tokenises_a_line_with_over_1000_protected_tokens(unit):
+    """Before: sacremoses raised ValueError ("too many protected tokens: ... exceeds the limit
+    of 1000"). Now in windows of whole words: the tokens of the repeated unit, repeated."""
+    pipe = TextPipeline("NFKC", False, "moses", "de")
+    line = " ".join([unit] * 1001)
+    tokens = pipe.preprocess(line)
+    assert tokens == " ".join([pipe.preprocess(unit)] * 1001)
+    assert pipe.postprocess(tokens) == line
+    assert pipe.preprocess("10:30," * 1001).count("10") == 1001  # one word: unprotected
+
+
+def test_moses_detokenising_unescapes_nothing():
+    """Tokenising escapes nothing, so detokenising unescapes nothing. Before: "&amp;" in the
+    text came back as "&"."""
+    pipe = TextPipeline("NFKC", False, "moses", "en")
+    assert pipe.postprocess("Write &amp; , “ &quot; ” .") == "Write &amp;, “&quot;”."
 
 
 def test_moses_splits_punctuation():
@@ -46,6 +74,28 @@ def test_char_round_trip_with_spaces():
     assert pipe.postprocess(tokens) == "ab c 你好"
 
 
+def test_char_round_trip_of_the_space_mark_itself():
+    """Before: a "␣" in the text came back as a space. Now it is the token "␣␣"."""
+    pipe = TextPipeline("NFC", False, "char", "zh")
+    line = f"按{SPACE_MARK}键 {SPACE_MARK}{SPACE_MARK} a{SPACE_MARK}"
+    tokens = pipe.preprocess(line)
+    assert tokens.split() == ["按", "␣␣", "键", "␣", "␣␣", "␣␣", "␣", "a", "␣␣"]
+    assert pipe.postprocess(tokens) == line
+
+
+def test_a_sentencepiece_space_symbol_is_cleaned_to_an_underscore(tmp_path):
+    """Before: sentencepiece read "▁" (U+2581) in the text as a space and gave one back."""
+    import sentencepiece as spm
+
+    pipe = TextPipeline("NFKC", False, "none", "en")
+    assert pipe.clean("a\u2581b \u2581") == "a_b _"
+    text = [pipe.preprocess(f"a\u2581b {i}") for i in range(50)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(tmp_path / "m"),
+                                   vocab_size=20, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "m.model"))
+    assert pipe.postprocess(sp.decode(sp.encode(pipe.preprocess("a\u2581b 7")))) == "a_b 7"
+
+
 @pytest.mark.parametrize(
     "line",
     ["我爱北京天安门和Python编程。", "我喜欢NLP and deep learning。", "他说：“你好！”价格是1,000元。",
@@ -57,6 +107,19 @@ def test_jieba_round_trip(line):
     tokens = pipe.preprocess(line)
     assert " " in tokens and "  " not in tokens
     assert pipe.postprocess(tokens) == pipe.clean(line)
+
+
+@pytest.mark.parametrize(("lowercase", "line"), [
+    # before: 'He said"hi"to me', "'Hello'world", '我说ok.then we go.'
+    (False, 'He said "hi" to me, "ok"?'),
+    (False, "'Hello' world, don't 'go'."),
+    (True, "我说OK. Then we go to www.Google.com."),
+    (False, "He said “hi” to me, ‘yo’ and don’t."),
+    (False, '他说："你好"吗? 1, 2, 3 and 1,000 at 10:30.'),  # before: "1,2,3"
+])
+def test_jieba_round_trip_of_quotes_and_full_stops(lowercase, line):
+    pipe = TextPipeline("NFKC", lowercase, "jieba", "zh")
+    assert pipe.postprocess(pipe.preprocess(line)) == pipe.clean(line)
 
 
 def test_jieba_keeps_spaces_between_latin_words():

@@ -72,6 +72,8 @@ def reference(cfg, pairs) -> dict:
     text = [["" if c else pipe.preprocess(x) for x, c in zip(lines, control)]
             for pipe, lines in zip(pipes, raw)]
     usable = [i for i, (s, t) in enumerate(zip(*text)) if s and t]  # both sides non-empty
+    if cfg.dedup:  # the first of identical pairs
+        usable = sorted({pairs[i]: i for i in reversed(usable)}.values())
     model = train_spm([side[i] for side in text for i in usable], cfg)
     import sentencepiece as spm
 
@@ -270,3 +272,24 @@ def test_a_deferred_signal_keeps_the_handler_it_had():
             signal.raise_signal(signal.SIGINT)  # ignored before: ignored after
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_the_sentencepiece_sample_holds_a_repeated_pair_once(tmp_path, dedup):
+    """Before: exact repeats were dropped only after sentencepiece was trained, so a pair
+    repeated 200 times filled its sample (and the vocabulary with its pieces)."""
+    from xinda.data.stream import corpus_files
+    from xinda.data.train_stream import spool_train
+
+    pairs = make_pairs(50, seed=5)
+    corpus = pairs[:10] + [pairs[3]] * 200 + pairs[10:] + pairs[:5]
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", corpus), chunk_size=16,
+                 dedup=dedup)
+    pipes = (TextPipeline(cfg.normalize, False, "moses", "en"),
+             TextPipeline(cfg.normalize, False, "moses", "de"))
+    spool = spool_train(corpus_files(cfg.train, "en", "de"), cfg, pipes, None,
+                        tmp_path / "spool.pkl")
+    sampled = pairs if dedup else corpus  # the first of identical pairs, in order
+    assert spool.sample == ([pipes[0].preprocess(s) for s, _ in sampled],
+                            [pipes[1].preprocess(t) for _, t in sampled])
+    assert spool.usable == len(corpus)

@@ -17,7 +17,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from hypothesis import given
+import pytest
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from xinda.data.prepare import read_parallel
@@ -83,6 +84,7 @@ BYTE_PIECES = [b"\n", b"\r", b"\r\n", b"a", b"\xc3\xa9", b"\xf0\x9f\x98\x80", b"
 
 @given(data=st.one_of(st.binary(max_size=60),
                       st.lists(st.sampled_from(BYTE_PIECES), max_size=20).map(b"".join)))
+@example(data="UTF-16\n".encode("utf-16-le"))
 def test_random_bytes_give_the_lines_or_a_one_line_error_at_the_right_line(data, user_error):
     try:
         text = data.decode("utf-8")
@@ -96,6 +98,11 @@ def test_random_bytes_give_the_lines_or_a_one_line_error_at_the_right_line(data,
             assert "UTF-8" in message
             return
         raise AssertionError(f"invalid UTF-8 was read without an error: {data!r}") from None
+    first = data.split(b"\n", 1)[0].rstrip(b"\r")
+    if len(first) >= 4 and (set(first[0::2]) <= {0} or set(first[1::2]) <= {0}):
+        assert "UTF-16" in user_error(pytest.raises(XindaError, list, decode_lines(
+            io.BytesIO(data), "corpus.en")).value)  # every other byte of line 1 is NUL
+        return
     assert list(decode_lines(io.BytesIO(data), "corpus.en")) == reference_lines(text)
 
 

@@ -21,12 +21,16 @@ length instead (in every split's arrays; the raw ``.txt`` keep the whole line), 
 cut per side is logged and stored (``truncated`` in the filter report and the split's stats).
 
 Control characters (Unicode category Cc other than tab, which is whitespace and collapsed like
-a space: NUL, escape, carriage return inside a line, ...) never reach sentencepiece or the
-arrays. A training pair with one on either side is dropped and counted under ``control_chars``
-in the filter report (like every filter, before sentencepiece is trained, so it never learns
-them). In valid and test sets, which keep every line, each one is replaced by a space (the
-whitespace then collapses) in the arrays and in ``{split}.{side}.txt``; the number of lines so
-cleaned is logged with the split and stored as ``control_chars_cleaned`` in its stats.
+a space: NUL, escape, carriage return inside a line, ...; a file in UTF-16 is an error when it
+is read, see ``xinda.utils.decode_lines``) never reach sentencepiece or the arrays. A training pair
+with one on either side is dropped and counted under ``control_chars`` in the filter report.
+Pairs with a control character or an empty side, and repeats of an earlier pair (with
+``data.dedup``), are left out of sentencepiece's sample, so it never learns them; the filters
+that count pieces (``data.max_len``, ``data.max_len_ratio``) need the trained model and run
+after it. In valid and test sets, which keep every line, each control character is replaced by
+a space (the whitespace then collapses) in the arrays and in ``{split}.{side}.txt``; the number
+of lines so cleaned is logged with the split and stored as ``control_chars_cleaned`` in its
+stats.
 
 ``manifest.json`` records ``vocab_sizes``, the number of pieces of each side's sentencepiece
 model; a trained model with fewer pieces than ``data.vocab_size`` (too little training text)
@@ -125,12 +129,16 @@ def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
     if hasattr(spm, "set_random_generator_seed"):
         spm.set_random_generator_seed(cfg.seed)
     model = io.BytesIO()
+    longest = max((len(line.encode()) for line in lines), default=0)
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(lines), model_writer=model,
             model_type=cfg.subword, vocab_size=cfg.vocab_size, hard_vocab_limit=False,
             character_coverage=cfg.character_coverage, **SPECIAL_IDS,
             input_sentence_size=0,  # all the lines given: data.spm_sample sampled them
+            # in bytes: sentencepiece skips longer lines (by default over 4192) without a
+            # word, and characters only they hold become <unk>
+            max_sentence_length=max(4192, longest + 16),
             num_threads=2,
             normalization_rule_name="identity",  # TextPipeline already normalised the text
             minloglevel=2,

@@ -4,6 +4,8 @@
 characters to spaces, display-only format characters dropped, whitespace collapsed ->
 pre-tokenisation (``moses``, ``jieba``, ``char`` or ``none``).
 ``TextPipeline.postprocess`` undoes the pre-tokenisation of model output (detokenisation).
+``clean`` writes U+2581 "▁" as "_": sentencepiece reads "▁" as a space, and would give it back
+as one. Under ``char`` pre-tokenisation a space is the token "␣" and a "␣" of the text "␣␣".
 The pipeline holds only its four settings (tokenizer objects are cached per process), so it
 pickles cheaply and is rebuilt from ``manifest.json`` with ``TextPipeline(**settings)``. The
 allowed settings are ``xinda.config``'s ``Normalization`` and ``Pretok``.
@@ -11,6 +13,7 @@ allowed settings are ``xinda.config``'s ``Normalization`` and ``Pretok``.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -21,8 +24,16 @@ from xinda.config import Normalization, Pretok
 from xinda.utils import visible_text
 
 SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
+_MARKS = re.compile(f"{SPACE_MARK}{SPACE_MARK}?")  # "␣" a space, "␣␣" a "␣" of the text
 _CLOSING = ",;:!?.)]}%"
 _OPENING = "([{"
+_CURLY_QUOTES = {"“": "open", "‘": "open", "”": "close", "’": "close"}
+_IN_WORD_QUOTES = "'’"  # apostrophes between letters
+# Words of letters and digits joined by in-word punctuation stay one jieba token, so that
+# detokenising need not guess whether a space was there: "www.google.com", "a_b@c.com",
+# "10:30", "1,000", "3.5", "don't", "R&D", "and/or" (not "ok. then", "1, 2").
+_LATIN = "0-9A-Za-z_\u00c0-\u024f\u0370-\u04ff"  # ASCII, Latin-1 and Extended, Greek, Cyrillic
+_JIEBA_KEEP = re.compile(f"[{_LATIN}]+(?:[.,:@&/'’][{_LATIN}]+)+")
 # Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times, ratios
 # and ranges ("10:30:45" would come back as "10:30: 45", "9:00–10:00" as "9:00 – 10:00")
 # and, where sacremoses has no apostrophe rules, clitics ("geht's" would come back as
@@ -32,7 +43,13 @@ _MOSES_KEEP_CLITICS = r"(?<![\w'])[^\W\d_]+'(?:s|t|d|m|ll|re|ve)\b"
 # The typographic apostrophe and single quotes, which no sacremoses rule knows, stay on the
 # letters they touch ("geht’s", "l’homme", "hab’", "‘Hello’" would come back as "geht ’ s"...).
 _MOSES_KEEP_CURLY = r"[‘’][^\W\d_]+(?:’[^\W\d_]*)*|[^\W\d_]+(?:’[^\W\d_]*)+"
+# "R&D", "and/or", "info@acme.com", "1/2" stay whole (they would come back as "R & D"...).
+_MOSES_KEEP_IN_WORD = r"\w+(?:[&/@]\w+)+"
 _MOSES_APOSTROPHE_LANGS = ("en", "fr", "it")
+# Quotation marks the detokeniser does not pair, given to it as ones it pairs (by parity) and
+# put back after: "”" as '"' (with "„", "“", '"': “yes”, „ja“, ”ja”) and, but in French,
+# which spaces them, "«" "»" as "`" («oui», »ja«).
+_MOSES_STAND_INS = {"”": '"', "«": "`", "»": "`"}
 
 
 @cache
@@ -45,8 +62,67 @@ def _moses_tokenizer(lang: str):
 @cache
 def _moses_protected(lang: str) -> tuple[str, ...]:
     if lang in _MOSES_APOSTROPHE_LANGS:
-        return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CURLY)
-    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY)
+        return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD)
+    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD)
+
+
+@cache
+def _moses_protected_compiled(lang: str) -> tuple[re.Pattern, ...]:
+    return tuple(re.compile(p, re.IGNORECASE) for p in _moses_protected(lang))  # as sacremoses
+
+
+def _protected_count(text: str, lang: str) -> int:
+    """How many protected tokens sacremoses finds in ``text``."""
+    return sum(len(pattern.findall(text)) for pattern in _moses_protected_compiled(lang))
+
+
+def _moses_windows(words: list[str], counts: list[int], limit: int) -> list[tuple[str, int]]:
+    """``words`` joined into runs of at most ``limit`` protected tokens (a single word may have
+    more), with their counts; cut between two letters or digits where it can be (no Moses rule
+    looks across such a space: the tokens are the same), else between any two words."""
+    units: list[tuple[list[str], int]] = []
+    start = 0
+    for i in range(1, len(words) + 1):
+        if i == len(words) or (words[i - 1][-1].isalnum() and words[i][0].isalnum()):
+            n = sum(counts[start:i])
+            units += ([(words[start:i], n)] if n <= limit
+                      else [([w], c) for w, c in zip(words[start:i], counts[start:i])])
+            start = i
+    runs: list[list[str]] = []
+    sizes: list[int] = []
+    for unit, n in units:
+        if runs and sizes[-1] + n <= limit:
+            runs[-1] += unit
+            sizes[-1] += n
+        else:
+            runs.append(list(unit))
+            sizes.append(n)
+    return [(" ".join(run), n) for run, n in zip(runs, sizes)]
+
+
+def moses_tokenize(line: str, lang: str) -> str:
+    """Moses tokenisation of a cleaned ``line``; one with more protected tokens (times,
+    clitics...) than sacremoses allows is tokenised in windows of whole words."""
+    tokenizer = _moses_tokenizer(lang)
+    limit = getattr(tokenizer, "MAX_PROTECTED_TOKENS", 1000)  # (older ones garble 1000 and up)
+    windows = [(line, _protected_count(line, lang))]
+    if windows[0][1] > limit:
+        words = line.split(" ")
+        windows = _moses_windows(words, [_protected_count(w, lang) for w in words], limit)
+    return " ".join(tokenizer.tokenize(
+        text, escape=False, aggressive_dash_splits=False, return_str=True,
+        protected_patterns=list(_moses_protected(lang)) if n <= limit else None)
+        for text, n in windows)
+
+
+def moses_detokenize(text: str, lang: str) -> str:
+    """Moses detokenisation (no XML unescaping: tokenising escaped nothing)."""
+    stand_ins = {"”": '"'} if lang == "fr" else _MOSES_STAND_INS
+    marks = set(stand_ins) | set(stand_ins.values())
+    originals = iter([c for c in text if c in marks])  # in order: detokenising keeps it
+    out = _moses_detokenizer(lang).detokenize(
+        text.translate(str.maketrans(stand_ins)).split(), unescape=False)
+    return re.sub(f"[{''.join(set(stand_ins.values()))}]", lambda m: next(originals, m[0]), out)
 
 
 @cache
@@ -72,32 +148,72 @@ def _is_wide(char: str) -> bool:
     return unicodedata.east_asian_width(char) in ("W", "F")
 
 
-def _needs_space(before: str, left: str, right: str) -> bool:
-    """Whether detokenised jieba output keeps a space between two tokens' boundary chars
-    ``left`` and ``right`` (``before``: the character written before ``left``, or "")."""
-    if _is_wide(left) or _is_wide(right):
+def _is_letter(char: str) -> bool:
+    """A letter or digit of a script written with spaces (not CJK)."""
+    return char.isalnum() and not _is_wide(char)
+
+
+def jieba_tokenize(line: str) -> str:
+    """jieba's words of a cleaned ``line``, with ``_JIEBA_KEEP`` runs whole."""
+    words, pos = [], 0
+    for match in _JIEBA_KEEP.finditer(line):
+        words += [*_jieba().lcut(line[pos:match.start()]), match.group()]
+        pos = match.end()
+    return " ".join(w for w in words + _jieba().lcut(line[pos:]) if w.strip())
+
+
+def _quote_roles(tokens: list[str]) -> list[tuple[str | None, str | None]]:
+    """Each token's first and last character as a quotation mark: "open", "close" or None.
+    Straight quotes alternate (an apostrophe between two letters is none), curly ones point
+    their way."""
+    roles, unclosed = [], set()
+    for tok in tokens:
+        role = []
+        for i, c in enumerate(tok):
+            if c in _IN_WORD_QUOTES and 0 < i < len(tok) - 1 and _is_letter(tok[i - 1]) \
+                    and _is_letter(tok[i + 1]):
+                role.append(None)
+            elif c in "'\"":
+                role.append("close" if c in unclosed else "open")
+                unclosed ^= {c}
+            else:
+                role.append(_CURLY_QUOTES.get(c))
+        roles.append((role[0], role[-1]))
+    return roles
+
+
+def _needs_space(before: str, left: str, right: str,
+                 roles: tuple[str | None, str | None]) -> bool:
+    """Whether detokenised jieba output keeps a space between two tokens, ``left`` and
+    ``right``; ``roles``: the quotation-mark roles of ``left[-1]`` and ``right[0]``;
+    ``before``: the character written before ``left[-1]`` (a space at the start)."""
+    a, b = left[-1], right[0]
+    if _is_wide(a) or _is_wide(b):
         return False
-    if left.isalnum() and right.isalnum():
+    # a quotation mark between two letters would read as an apostrophe (jieba keeps those)
+    if (a == "'" and len(left) > 1 and _is_letter(left[-2]) and _is_letter(b)) or \
+            (b == "'" and len(right) > 1 and _is_letter(right[1]) and _is_letter(a)):
         return True
-    if left in _CLOSING and right.isalnum():
-        if left in ",." and right.isdigit():
-            return False  # "1,000", "3.5"
-        if left == ":" and before.isdigit() and right.isdigit():
-            return False  # "10:30", "3:2"
-        # "www.google.com", "a@b.com": no sentence goes on in lower case after "."
-        return not (left == "." and before.isalnum() and right.islower())
-    return right in _OPENING and (left.isalnum() or left in _CLOSING)
+    if roles[0] == "open" or roles[1] == "close":
+        return False
+    if roles[1] == "open":  # not after Chinese punctuation (NFKC: "：" to ":")
+        return a.isalnum() or roles[0] == "close" or (a in _CLOSING and not _is_wide(before))
+    if roles[0] == "close" or a.isalnum() or a in _CLOSING:
+        return b.isalnum() or b in _OPENING
+    return False
 
 
 def jieba_detokenize(text: str) -> str:
-    """Join jieba tokens: no spaces around CJK, single spaces between Latin/digit words."""
+    """Join jieba tokens: no spaces around CJK, single spaces between Latin/digit words, after
+    punctuation and around quotations."""
     tokens = text.split()
     if not tokens:
         return ""
+    roles = _quote_roles(tokens)
     out = tokens[0]
-    for tok in tokens[1:]:
-        before = out[-2] if len(out) > 1 else ""
-        out += (" " if _needs_space(before, out[-1], tok[0]) else "") + tok
+    for i in range(1, len(tokens)):
+        before, pair = out[-2] if len(out) > 1 else " ", (roles[i - 1][1], roles[i][0])
+        out += (" " if _needs_space(before, tokens[i - 1], tokens[i], pair) else "") + tokens[i]
     return out
 
 
@@ -129,7 +245,7 @@ class TextPipeline:
             line = unicodedata.normalize(self.normalize, line)
         if self.lowercase:
             line = line.lower()
-        return " ".join(line.split())  # normalising can make spaces (NFKC: U+3000)
+        return " ".join(line.replace("\u2581", "_").split())  # NFKC can make spaces (U+3000)
 
     def preprocess(self, line: str) -> str:
         """Raw line -> cleaned, pre-tokenised text ready for sentencepiece."""
@@ -137,12 +253,11 @@ class TextPipeline:
         if not line or self.pretok == "none":
             return line
         if self.pretok == "moses":
-            return _moses_tokenizer(self.lang).tokenize(
-                line, escape=False, aggressive_dash_splits=False, return_str=True,
-                protected_patterns=list(_moses_protected(self.lang)))
+            return moses_tokenize(line, self.lang)
         if self.pretok == "jieba":
-            return " ".join(t for t in _jieba().lcut(line) if t.strip())
-        return " ".join(SPACE_MARK if c == " " else c for c in line)  # char
+            return jieba_tokenize(line)
+        marks = {" ": SPACE_MARK, SPACE_MARK: SPACE_MARK * 2}  # char (all other tokens: 1 char)
+        return " ".join(marks.get(c, c) for c in line)
 
     def preprocess_many(self, lines: Iterable[str]) -> list[str]:
         return [self.preprocess(line) for line in lines]
@@ -150,9 +265,10 @@ class TextPipeline:
     def postprocess(self, text: str) -> str:
         """Decoded (pre-tokenised) model output -> plain text."""
         if self.pretok == "moses":
-            return _moses_detokenizer(self.lang).detokenize(text.split())
+            return moses_detokenize(text, self.lang)
         if self.pretok == "char":
-            return " ".join(text.replace(" ", "").replace(SPACE_MARK, " ").split())
+            chars = (_MARKS.sub(lambda m: m[0][1:] or " ", tok) for tok in text.split())
+            return " ".join("".join(chars).split())
         if self.pretok == "jieba":
             return jieba_detokenize(text)
         return text

@@ -3,7 +3,8 @@
 Pass 1 (``spool_train``) reads aligned chunks of ``data.chunk_size`` pairs, preprocesses them
 (control-character mask, normalisation, pre-tokenisation, deduplication keys) and appends each
 to a spool file in the output directory, keeping a seeded reservoir sample of
-``data.spm_sample`` pairs for sentencepiece (every pair, in order, when the corpus is smaller).
+``data.spm_sample`` pairs for sentencepiece (every pair, in order, when the corpus is smaller;
+with ``data.dedup`` only the first of identical pairs, as pass 2 keeps).
 Pass 2 (``binarise_train``) encodes the spooled chunks with the trained model, truncates or
 filters them and appends them to the ``.npy`` arrays. Memory holds the sample, a few chunks and
 the deduplication digests (``xinda.data.filtering``), never the corpus. With ``data.workers``
@@ -118,6 +119,7 @@ def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipelin
     two non-empty sides."""
     sample_size = 0 if cfg.spm_model else cfg.spm_sample  # a given model needs no sample
     spool, reservoir = Spool(path), Reservoir(sample_size, cfg.seed)
+    seen: set[bytes] | None = set() if cfg.dedup and sample_size else None  # keys sampled
     work = partial(preprocess_chunk, pipes, cfg.dedup)
     with open(path, "wb") as f:
         for chunk in ordered_map(work, read_chunks(files, cfg.chunk_size), pool, 2 * cfg.workers):
@@ -125,9 +127,13 @@ def spool_train(files: Sequence[Path], cfg: DataConfig, pipes: tuple[TextPipelin
             pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
             spool.pairs += len(chunk.control)
             spool.control += int(chunk.control.sum())
-            for s, t in zip(*chunk.text):
+            for i, (s, t) in enumerate(zip(*chunk.text)):
                 if s and t:  # a pair with an empty side is dropped: no sample slot for it
                     spool.usable += 1
+                    if seen is not None:  # a repeat, dropped in pass 2: no sample slot either
+                        if chunk.keys[i] in seen:
+                            continue
+                        seen.add(chunk.keys[i])
                     reservoir.add((s, t))
     sample = reservoir.items()
     spool.sample = ([s for s, _ in sample], [t for _, t in sample])
