@@ -242,3 +242,23 @@ def test_a_full_stdout_keeps_the_prepared_data_and_is_one_line(tmp_path):
         assert proc.stderr.strip().splitlines()[-1] == (
             "xinda: error: stdout: cannot write the output: No space left on device")
     assert (tmp_path / "data-bin" / "manifest.json").is_file()
+
+
+def test_a_negative_demo_budget_names_the_option(tmp_path):
+    """Before: the error blamed the demo's own config file (train.max_seconds)."""
+    from typer.testing import CliRunner
+
+    from xinda.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--workdir", str(tmp_path), "--seconds", "-5"])
+    assert result.exit_code == 2 and "--seconds" in result.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_missing_ensemble_member_is_named(tmp_path):
+    """Before: "nope/manifest.json: not found — run xinda prepare first"."""
+    from xinda.decode.translator import Translator
+    from xinda.errors import XindaError
+
+    with pytest.raises(XindaError, match=r"nope: model directory not found$"):
+        Translator.load(tmp_path, ensemble=[tmp_path / "nope"])

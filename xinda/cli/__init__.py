@@ -194,7 +194,7 @@ def demo(
     workdir: Annotated[Path | None, typer.Option(
         help="where data and model go (default: the demo config's)")] = None,
     seconds: Annotated[float | None, typer.Option(
-        help="training time cap in seconds (default: the demo config's; training also stops "
+        min=0, help="training time cap in seconds (default: the demo config's; training also stops "
              "at its train.max_steps)")] = None,
     set_: SetOpt = None,
 ) -> None:

@@ -88,6 +88,9 @@ class Translator:
         ``ensemble`` (more model directories, same vocabularies) the models decode together
         (``xinda.decode.ensemble``), with the first one's config and text pipelines."""
         dirs = [Path(model_dir), *map(Path, ensemble)]
+        for folder in dirs:
+            if not folder.is_dir():
+                raise XindaError(f"{folder}: model directory not found")
         cfg = load_config(dirs[0] / "config.yaml")
         vocabs = [load_vocabularies(d) for d in dirs]
         check_same_vocabularies(dirs, vocabs)
