@@ -45,6 +45,7 @@ def test_tones_and_level_oblique():
     assert [tone(ch) for ch in "子裳了吧"] == [3, 2, 3, 1]  # zi3 chang2 liao3 ba1
     assert tone_rule_rate(["天涯望游子"], ["江上有归人"]) == (100.0, 1)  # 子 仄, 人 平
     assert rhymes("春花秋月何时了", "往事知多少")  # liao3 / shao3
+    assert is_han("〇") and level_oblique("〇") == LEVEL  # ling2; before: not Han, no tone
     assert tone("长") == 3  # the default reading zhang3, not the poetic chang2 (documented)
 
 

@@ -41,6 +41,7 @@ LEVEL, OBLIQUE = "平", "仄"
 LINE_BREAKS = "，。！？；、"  # full-width marks that end a line of verse
 
 _HAN_RANGES = (
+    (0x3007, 0x3007),  # 〇 ideographic number zero (líng)
     (0x3400, 0x4DBF),  # CJK ext. A
     (0x4E00, 0x9FFF),  # CJK unified ideographs
     (0xF900, 0xFAFF),  # CJK compatibility ideographs
@@ -71,7 +72,8 @@ _APICAL_INITIALS = ("zh", "ch", "sh", "r", "z", "c", "s")
 # --- characters -------------------------------------------------------------------------------
 
 def is_han(ch: str) -> bool:
-    """Whether ``ch`` is a Chinese (Han) character: a CJK unified or compatibility ideograph."""
+    """Whether ``ch`` is a Chinese (Han) character: a CJK unified or compatibility ideograph,
+    or 〇."""
     cp = ord(ch)
     return any(lo <= cp <= hi for lo, hi in _HAN_RANGES)
 
