@@ -270,6 +270,8 @@ def test_wrong_task_and_bad_prompts(client):
     # keywords wrote a poem about nothing
     assert_error(post(client, "/v1/couplet", model="couplet", text=["山水", "\u200d"]), 422,
                  "invalid_request", "text[1]", "invisible")
+    assert_error(post(client, "/v1/couplet", model="couplet", text=["，。"]), 422,
+                 "invalid_request", "text[0]", "punctuation only")  # before: answered "，。"
     assert_error(post(client, "/v1/poem", model="poetry", keywords=["\u200b", "\u2060"]), 422,
                  "invalid_request", "keywords")
     assert_error(post(client, "/v1/poem", model="poetry", keywords="春", form=6), 422,

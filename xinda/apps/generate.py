@@ -58,6 +58,11 @@ def first_line_characters(line: str) -> str:
                    if c != " " and unicodedata.category(c) not in ("Cf", "Mn", "Me"))
 
 
+def is_first_line(line: str) -> bool:
+    """Whether ``line`` can start a couplet: it has a character besides punctuation."""
+    return not all(map(is_punctuation, first_line_characters(line)))
+
+
 def _check_characters(translator: Translator) -> None:
     """The rules count output tokens as characters: the model's targets must have been
     pre-tokenised into characters."""
@@ -72,14 +77,14 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
     """The ``nbest`` best second lines of each first line (``CoupletRules``); punctuation of
     the first line is copied to the same positions. ``options``: decode settings (beam, ...).
     Whitespace, control and format characters are not part of a first line
-    (``first_line_characters``); a
-    first line of nothing else is a XindaError."""
+    (``first_line_characters``); a first line of nothing else, or of punctuation only, is a
+    XindaError."""
     _check_characters(translator)
     lines = [first_line_characters(up) for up in ups]
     for i, line in enumerate(lines, start=1):
-        if not line:
-            raise XindaError(f"first line {i} is empty (or control characters only): a couplet "
-                             "needs a first line")
+        if not is_first_line(line):
+            raise XindaError(f"first line {i} is empty (or control characters or punctuation "
+                             "only): a couplet needs a first line")
     table = CharacterTable.of(translator.tgt_vocab)
     rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
     _room_for(rules, len(lines), options)

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from starlette.routing import Route
 
 from xinda import __version__
-from xinda.apps.generate import PoemPrompt, first_line_characters
+from xinda.apps.generate import PoemPrompt, is_first_line
 from xinda.decode.translator import BEAM_ONLY, SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
@@ -248,9 +248,9 @@ def routes(svc: Service) -> APIRouter:
         check_unicode(req)
         model, texts = svc.model(req.model, "couplet"), svc.texts(req.text)
         for i, text in enumerate(texts):  # what write_couplets takes for the first line
-            if not first_line_characters(text):
+            if not is_first_line(text):
                 raise ApiError(422, "invalid_request", f"text[{i}]: empty (or invisible "
-                               "characters only): a couplet needs a first line")
+                               "characters or punctuation only): a couplet needs a first line")
         options = {"nbest": req.n_best, "no_copy": req.no_copy, "tone": req.tone}
         outputs = await svc.run(request, model, "couplet", given(options), texts)
         return JSONResponse({"model": model.name, "couplets": [
