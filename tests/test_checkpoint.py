@@ -92,3 +92,20 @@ def test_averaging_checks_names_and_shapes_and_keeps_dtypes(tmp_path):
         average_checkpoints([a, write("d", w=torch.ones(2, dtype=torch.bfloat16), b=avg["b"])],
                             tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_averaging_keeps_integer_tensors_and_refuses_differing_ones(tmp_path):
+    """Before: integers went through a double-precision mean (2**53 + 1 came back 2**53) and
+    differing ones were averaged and truncated."""
+    from safetensors.torch import load_file, save_file
+
+    from xinda.checkpoint import average_checkpoints
+    from xinda.errors import XindaError
+
+    big = torch.tensor([2**53 + 1], dtype=torch.int64)
+    for name, count in (("a", big), ("b", big), ("c", big + 1)):
+        save_file({"w": torch.ones(2), "count": count}, str(tmp_path / name))
+    average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "avg")
+    assert load_file(str(tmp_path / "avg"))["count"].tolist() == [2**53 + 1]
+    with pytest.raises(XindaError, match=r"count holds integers that differ from those in"):
+        average_checkpoints([tmp_path / "a", tmp_path / "c"], tmp_path / "x")

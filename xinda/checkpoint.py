@@ -21,9 +21,10 @@ when ``xinda average`` was run, and in ``checkpoints/`` one checkpoint per saved
 
 The JSON document is written last, so it is the commit mark: a checkpoint is complete only when
 its JSON document parses and both files have the size and SHA-256 it records. ``list_checkpoints``
-skips any other (a crash while saving, a truncated copy, a flipped bit) with a logged warning,
-so ``--resume`` continues from the newest complete one. JSON object keys are strings: the one
-dict with integer keys, the optimizer's per-parameter ``state``, gets them back on loading (and
+skips any other (a crash while saving, a truncated copy, a flipped bit in a data file) with a
+logged warning, so ``--resume`` continues from the newest complete one. JSON object keys are
+strings: the one dict with integer keys, the optimizer's per-parameter ``state``, gets them
+back on loading (and
 tuples such as Adam's ``betas`` come back as lists, which torch accepts). Floats keep their exact
 value; an unset best score is written ``-Infinity``, as Python's json module does.
 
@@ -342,7 +343,8 @@ def default_weights(model_dir: str | Path) -> Path:
 
 
 def average_checkpoints(paths: list[Path], out: Path) -> None:
-    """Element-wise mean of the parameters of several checkpoints (Vaswani et al. 2017, 6.1)."""
+    """Element-wise mean of the parameters of several checkpoints (Vaswani et al. 2017, 6.1);
+    a tensor of integers (a counter, an index) must be equal in all of them and is kept."""
     if not paths:
         raise XindaError("no checkpoints to average")
     first = load_file(str(paths[0]))
@@ -356,6 +358,10 @@ def average_checkpoints(paths: list[Path], out: Path) -> None:
             if tensor.shape != total[name].shape:
                 raise XindaError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
                                  f"{tuple(total[name].shape)} in {paths[0]}")
+            if not tensor.is_floating_point() and not torch.equal(tensor, first[name]):
+                raise XindaError(f"{path}: {name} holds integers that differ from those in "
+                                 f"{paths[0]}: they cannot be averaged")
             total[name] += tensor.double()
-    averaged = {name: (t / len(paths)).to(first[name].dtype) for name, t in total.items()}
+    averaged = {name: (t / len(paths)).to(first[name].dtype)
+                if first[name].is_floating_point() else first[name] for name, t in total.items()}
     _write(Path(out), lambda tmp: save_file(averaged, str(tmp)))
