@@ -68,7 +68,8 @@ def test_min_lr_floor_still_applies():
 def test_every_schedule_restarts_at_the_end_of_its_warm_up():
     # update 301 + k after a growth at 300 runs at the rate of update WARM + k
     for schedule in ("inverse_sqrt", "noam", "step", "constant"):
-        c = TrainConfig(schedule=schedule, lr=1e-3, warmup_steps=WARM, decay_every=50)
+        step = {"decay_every": 50} if schedule == "step" else {}
+        c = TrainConfig(schedule=schedule, lr=1e-3, warmup_steps=WARM, **step)
         for k in (0, 1, 49, 50, 1000):
             assert learning_rate(c, 301 + k, D, [300]) == learning_rate(c, WARM + k, D)
         assert learning_rate(c, 300, D, [300]) == learning_rate(c, 300, D)  # before it

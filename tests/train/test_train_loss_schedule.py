@@ -190,12 +190,13 @@ def test_constant_schedule():
 
 @pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "step", "constant"])
 def test_min_lr_floor(schedule):
-    c = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, min_lr=1e-4, decay_every=10)
+    decay = {"decay_every": 10} if schedule == "step" else {}
+    c = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, min_lr=1e-4, **decay)
     for step in (1000, 1001, 10**5, 10**7):
         assert learning_rate(c, step, 512) >= 1e-4
     # the warm-up still rises from near 0 (before: the floor lifted its first 200 updates
     # to min_lr, found by review)
-    unfloored = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, decay_every=10)
+    unfloored = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, **decay)
     for step in (1, 2, 10, 999):
         assert learning_rate(c, step, 512) == learning_rate(unfloored, step, 512)
     assert learning_rate(c, 1, 512) < 1e-5
