@@ -47,8 +47,10 @@ def test_tatoeba_chinese_with_jieba(tmp_path):
     assert manifest["text"]["src"]["pretok"] == "jieba"
     text = load_vocabularies(tmp_path, manifest).src_text
     raw = (data / "valid.zh").read_text(encoding="utf-8").splitlines()[:20]
-    for line in raw:
-        tokens = text.preprocess(line).split()
-        assert len(tokens) >= 1
-        assert text.postprocess(" ".join(tokens)).replace(" ", "") == \
+    tokens = [text.preprocess(line).split() for line in raw]
+    # jieba segments: words of one to a few characters, and most sentences hold several
+    assert sum(len(words) > 2 for words in tokens) >= 15, tokens
+    assert all(len(word) <= 8 for words in tokens for word in words), tokens
+    for line, words in zip(raw, tokens):
+        assert text.postprocess(" ".join(words)).replace(" ", "") == \
             text.clean(line).replace(" ", "")

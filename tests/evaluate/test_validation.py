@@ -42,26 +42,39 @@ def cfg(tmp_path_factory) -> ExperimentConfig:
     return cfg
 
 
-def test_scores_the_validation_translations_with_sacrebleu(cfg):
-    torch.manual_seed(0)
+def test_scores_the_validation_translations_with_sacrebleu(tmp_path, monkeypatch):
+    """The score is sacreBLEU's of the translations of the validation sources against their
+    references: here right on every other sentence, so that it lies strictly inside 0-100."""
+    cfg, refs = word_experiment(tmp_path, lowercase=False)
+    hyps = [ref if i % 2 else "The Car!" for i, ref in enumerate(refs)]
+    sources = []
+    monkeypatch.setattr(Translator, "translate_text",
+                        lambda self, lines, **_: sources.extend(lines) or hyps)
     vocabs = load_vocabularies(cfg.data.out_dir)
-    model = build_model(cfg.model, vocabs.info)
-    score = validation_bleu(cfg)(model)
-    sources = list(read_lines(f"{cfg.data.out_dir}/valid.src.txt"))
-    refs = list(read_lines(f"{cfg.data.valid}.digits"))
-    hyps = Translator(model, cfg, vocabs).translate_text(sources, beam=2)  # train.valid_beam
+    score = validation_bleu(cfg)(build_model(cfg.model, vocabs.info))
+    assert sources == list(read_lines(f"{cfg.data.out_dir}/valid.src.txt"))
+    assert 0 < score < 100
     assert score == corpus_scores(hyps, refs, metrics=("bleu",))[0].score
 
 
 @pytest.mark.parametrize("decode", [{"sampling": True, "temperature": 5.0}, {"nbest": 4},
-                                    {"precision": "int8"}])
-def test_validation_decodes_by_beam_search_in_full_precision_whatever_decode_says(cfg, decode):
-    torch.manual_seed(0)
+                                    {"precision": "int8"}, {"beam": 7}])
+def test_validation_decodes_by_beam_search_in_full_precision_whatever_decode_says(
+        cfg, monkeypatch, decode):
+    """Before: validation sampled, or wrote 4-best lists, or decoded in int8."""
+    real, calls = Translator.translate_text, []
+
+    def translate_text(self, lines, **options):
+        calls.append(options)
+        return real(self, lines, **options)
+
+    monkeypatch.setattr(Translator, "translate_text", translate_text)
     vocabs = load_vocabularies(cfg.data.out_dir)
-    model = build_model(cfg.model, vocabs.info)
-    plain = validation_bleu(cfg)(model)
     other = cfg.model_copy(update={"decode": cfg.decode.model_copy(update=decode)})
-    assert validation_bleu(other)(model) == plain  # before: sampled, or beam 4, or int8
+    validation_bleu(other)(build_model(cfg.model, vocabs.info))
+    [options] = calls
+    assert {k: options[k] for k in ("beam", "nbest", "sampling", "precision")} == {
+        "beam": 2, "nbest": 1, "sampling": False, "precision": "fp32"}  # train.valid_beam 2
 
 
 @pytest.mark.parametrize("keep_heap", [True, False])
@@ -122,22 +135,29 @@ def test_the_trainer_logs_the_scorers_bleu(cfg, tmp_path):
     assert 0 < float(valid["elapsed_s"]) <= stats["train_seconds"]  # epoch's checkpoint follows
 
 
-def test_a_perfect_model_scores_100_when_targets_are_lowercased(tmp_path, monkeypatch):
-    """Before: the references kept their case (and full-width punctuation under NFKC) while
-    the model learned cleaned targets: a perfect model scored 24 BLEU on lowercased Tatoeba."""
+def word_experiment(root, lowercase: bool) -> tuple[ExperimentConfig, list[str]]:
+    """A prepared corpus of multi-word targets ("The Red Blue Car!") and its 10 validation
+    targets as written."""
     words = ["Red", "Blue", "Green", "Big", "Small", "Old", "New", "Fast"]
     pairs = [(f"{i} {j}", f"The {words[i % 8]} {words[j % 8]} Car!") for i in range(9)
              for j in range(9)]
     for split, chunk in (("train", pairs), ("valid", pairs[:10])):
-        (tmp_path / f"{split}.src").write_text("".join(f"{s}\n" for s, _ in chunk))
-        (tmp_path / f"{split}.tgt").write_text("".join(f"{t}\n" for _, t in chunk))
+        (root / f"{split}.src").write_text("".join(f"{s}\n" for s, _ in chunk))
+        (root / f"{split}.tgt").write_text("".join(f"{t}\n" for _, t in chunk))
     cfg = ExperimentConfig.model_validate({
-        "data": {"src_lang": "src", "tgt_lang": "tgt", "train": str(tmp_path / "train"),
-                 "valid": str(tmp_path / "valid"), "out_dir": str(tmp_path / "bin"),
-                 "vocab_size": 40, "lowercase": True},
-        "model": TINY, "train": {"out_dir": str(tmp_path / "model"), "progress": False}})
+        "data": {"src_lang": "src", "tgt_lang": "tgt", "train": str(root / "train"),
+                 "valid": str(root / "valid"), "out_dir": str(root / "bin"),
+                 "vocab_size": 40, "lowercase": lowercase, "max_len_ratio": 20},
+        "model": TINY, "train": {"out_dir": str(root / "model"), "progress": False}})
     prepare(cfg.data, log=lambda _: None)
-    perfect = [t.lower() for _, t in pairs[:10]]  # what a model of the cleaned targets writes
+    return cfg, [t for _, t in pairs[:10]]
+
+
+def test_a_perfect_model_scores_100_when_targets_are_lowercased(tmp_path, monkeypatch):
+    """Before: the references kept their case (and full-width punctuation under NFKC) while
+    the model learned cleaned targets: a perfect model scored 24 BLEU on lowercased Tatoeba."""
+    cfg, targets = word_experiment(tmp_path, lowercase=True)
+    perfect = [t.lower() for t in targets]  # what a model of the cleaned targets writes
     monkeypatch.setattr(Translator, "translate_text", lambda self, lines, **_: perfect)
     vocabs = load_vocabularies(cfg.data.out_dir)
     assert validation_bleu(cfg)(build_model(cfg.model, vocabs.info)) == pytest.approx(100.0)

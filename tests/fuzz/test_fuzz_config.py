@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import yaml
@@ -179,3 +180,42 @@ def test_found_by_fuzzing_set_strings(items, fragment, user_error):
 
 def test_an_empty_or_comment_only_file_is_all_defaults(user_error):
     assert _load("", user_error) == _load("# nothing\n", user_error) == ExperimentConfig()
+
+
+def _other_values(field) -> list:
+    """Candidate values other than ``field``'s default, by its type."""
+    default, kind = field.default, field.annotation
+    if isinstance(default, bool):
+        return [not default]
+    if getattr(kind, "__origin__", None) is Literal:
+        return [v for v in kind.__args__ if v != default]
+    if isinstance(default, int):
+        return [default + 1, default - 1, 1]
+    if isinstance(default, float):
+        return [default / 2 if default else 0.5, default + 0.5, 1e-5]
+    if isinstance(default, tuple):
+        return [tuple(v / 2 for v in default)]
+    return ["other", {"t1": "other"}]  # str, str | None, dict[str, str]
+
+
+def test_a_config_with_every_section_changed_saves_and_loads_back(tmp_path):
+    """Fields of data, train and decode differ from their defaults (one at a time, kept when
+    the whole still validates: SGD's momentum and the step schedule's decay are refused beside
+    Adam's betas and another schedule), and survive ``save_config`` and ``load_config``."""
+    tree: dict = {section: {} for section in SECTIONS}
+    for section, fields in SECTIONS.items():
+        specs = ExperimentConfig.model_fields[section].annotation.model_fields
+        for name in fields:
+            for value in _other_values(specs[name]):
+                tree[section][name] = value
+                if _validate(tree) is not None:
+                    break
+                del tree[section][name]
+    cfg = _validate(tree)
+    for section, fields in SECTIONS.items():
+        unchanged = set(fields) - set(tree[section])
+        assert len(unchanged) <= 4, (section, unchanged)
+    save_config(cfg, tmp_path / "saved.yaml")
+    again = load_config(tmp_path / "saved.yaml")
+    assert again == cfg and _as_yaml(again) == _as_yaml(cfg)
+    assert _as_yaml(again) != _as_yaml(ExperimentConfig())

@@ -3,7 +3,10 @@ keeps freed heap memory."""
 
 import os
 import platform
+import subprocess
 import sys
+
+import pytest
 
 from xinda.device import ONEDNN_CACHE_VARIABLES, keep_freed_heap, limit_onednn_caches
 
@@ -23,5 +26,37 @@ def test_environment_wins(monkeypatch):
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
 
 
-def test_keep_freed_heap_sets_glibc_options():
-    assert keep_freed_heap() is (sys.platform == "linux" and platform.libc_ver()[0] == "glibc")
+GLIBC = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
+
+# In a fresh process: bytes of a 16 MB malloc that glibc serves by mmap (mallinfo2's hblkhd)
+HEAP_PROBE = """
+import ctypes, ctypes.util, sys
+from xinda.device import keep_freed_heap
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype, libc.malloc.restype = MallInfo2, ctypes.c_void_p
+if sys.argv[1] == "keep":
+    assert keep_freed_heap()
+before = libc.mallinfo2().hblkhd
+libc.malloc(16 << 20)
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+def test_keep_freed_heap_reports_whether_it_applies():
+    assert keep_freed_heap() is GLIBC
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt and mallinfo2 are glibc's")
+def test_keep_freed_heap_serves_large_blocks_from_the_heap():
+    """A 16 MB block comes from mmap by default (above the 128 kB threshold), from the heap
+    once ``keep_freed_heap`` has run."""
+    def mapped(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True,
+                             text=True, check=True)
+        return int(out.stdout)
+
+    assert mapped("default") >= 16 << 20
+    assert mapped("keep") == 0
