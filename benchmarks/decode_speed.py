@@ -6,9 +6,9 @@ model exported with ``xinda export ctranslate2``, float32 and int8), in one proc
 
 Every system decodes the same sentencepiece pieces of Multi30k test2016 (1000 sentences):
 beam 5 and greedy, batches of up to 64 sentences sorted by length, max length 1.5 * src + 10;
-and, for the latency rows, ``--latency`` sentences one at a time (batch 1). Runs are
-interleaved (system A, B, ..., then again) and the median of ``--repeats`` is kept, since the
-machine is shared. BLEU (sacrebleu, detokenised by the model's own pipeline) is reported for
+and, for the latency rows, ``--latency`` sentences one at a time (batch 1; the median over
+sentences). Runs are interleaved (system A, B, ..., then again) and the median of ``--repeats``
+is kept, since the machine is shared. BLEU (sacrebleu, detokenised by the model's own pipeline) is reported for
 each system; CTranslate2 divides scores by the length (length_penalty 1) where xinda uses
 GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. xinda ends a
 sentence's beam search after ``beam`` finished hypotheses (``decode.stop: beam``); the row
@@ -112,6 +112,7 @@ def measure(found: dict[str, Decode], sources: list[list[str]], refs: list[str],
     part of the first timed repeat."""
     runs: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[str, int], list[list[str]]] = {}
+    latencies: dict[str, list[float]] = {}
     for decode in found.values():
         decode(sources[:BATCH], BEAM, BATCH)
     for _ in range(repeats):
@@ -121,6 +122,9 @@ def measure(found: dict[str, Decode], sources: list[list[str]], refs: list[str],
                 runs.setdefault((name, beam), []).append(seconds)
                 print(f"{name} beam {beam}: {len(sources) / seconds:.1f} sentences/s",
                       flush=True)
+            if latency:  # within the repeat too: a busy spell hits every system alike
+                latencies.setdefault(name, []).append(latency_ms(decode, sources[:latency],
+                                                                 BEAM))
     rows = []
     for name, decode in found.items():
         row = {"system": name}
@@ -128,7 +132,8 @@ def measure(found: dict[str, Decode], sources: list[list[str]], refs: list[str],
             hyps = [detok(p) for p in outputs[name, beam]]
             row[f"beam{beam}_sents_per_s"] = len(sources) / statistics.median(runs[name, beam])
             row[f"beam{beam}_bleu"] = sacrebleu.corpus_bleu(hyps, [refs]).score
-        row["latency_ms_beam5"] = latency_ms(decode, sources[:latency], BEAM)
+        # the median over repeats of each repeat's median over sentences
+        row["latency_ms_beam5"] = statistics.median(latencies[name]) if latency else None
         rows.append(row)
     return rows
 
@@ -140,7 +145,8 @@ def report(rows: list[dict], meta: dict, out_dir: Path) -> None:
     table = [[r["system"], f"{r['beam5_sents_per_s']:.1f}",
               f"{r['beam5_sents_per_s'] / base['beam5_sents_per_s']:.2f}x" if base else "-",
               f"{r['beam5_bleu']:.2f}", f"{r['beam1_sents_per_s']:.1f}", f"{r['beam1_bleu']:.2f}",
-              f"{r['latency_ms_beam5']:.1f}"] for r in rows]
+              "-" if r["latency_ms_beam5"] is None else f"{r['latency_ms_beam5']:.1f}"]
+             for r in rows]
     md = "\n".join(markdown_table(header, table))
     print(md)
     out_dir.mkdir(parents=True, exist_ok=True)

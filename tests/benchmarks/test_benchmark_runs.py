@@ -55,9 +55,12 @@ def test_decode_speed_sets_every_system_up_before_timing_it():
 
     found = {"x": system("x"), "y": system("y")}
     sources = [["a"]] * 3
-    decode_speed.measure(found, sources, ["a"] * 3, " ".join, repeats=1, latency=1)
+    rows = decode_speed.measure(found, sources, ["a"] * 3, " ".join, repeats=2, latency=1)
     assert calls[:2] == [("x", 3), ("y", 3)]  # untimed, before the first timed repeat
-    assert calls.count(("x", 3)) == 3  # then beam 5 and greedy, timed
+    # each repeat: beam 5, greedy and the batch-1 latency of x, then of y (before: the
+    # latencies ran once, one system after the other, after all the repeats)
+    assert calls[2:] == [("x", 3), ("x", 3), ("x", 1), ("y", 3), ("y", 3), ("y", 1)] * 2
+    assert all(row["latency_ms_beam5"] >= 0 for row in rows)
 
 
 if __name__ == "__main__":
