@@ -59,3 +59,13 @@ def test_no_module_is_longer_than_max_lines():
                for p in (ROOT / "xinda").rglob("*.py")}
     assert lengths, "no modules found"
     assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
+
+
+def test_training_and_translating_import_no_rouge():
+    """rouge-score (and the nltk it loads) only for ROUGE: the GPU image lacks them, and
+    every `xinda train` imported them through the metrics module."""
+    code = ("import sys, xinda.cli, xinda.evaluate.metrics, xinda.evaluate.validation; "
+            "print(sorted({'rouge_score', 'nltk'} & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.strip() == "[]"

@@ -14,7 +14,6 @@ from numbers import Integral
 from pathlib import Path
 from typing import Literal
 
-from rouge_score import rouge_scorer, tokenizers
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
@@ -153,6 +152,9 @@ def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -
     chars = resolve_tokenizer(tokenize, streams) in ("zh", "char")
     if not chars:
         _check_words(streams)
+    # imported here: rouge-score loads nltk, which training, translating and BLEU do not need
+    from rouge_score import rouge_scorer, tokenizers
+
     words = tokenizers.DefaultTokenizer(use_stemmer=True)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=_Characters() if chars else words)
     totals = dict.fromkeys(ROUGE_TYPES, 0.0)
@@ -170,6 +172,8 @@ def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -
 def _check_words(streams: list[list[str]]) -> None:
     """A XindaError for the first reference with letters or digits of which rouge-score's
     tokenizer keeps no word (e.g. Cyrillic): it would score 0 whatever the hypothesis."""
+    from rouge_score import tokenizers
+
     words = tokenizers.DefaultTokenizer()  # stemming never empties a word: not needed here
     for k, stream in enumerate(streams):
         for i, ref in enumerate(stream, start=1):
