@@ -107,7 +107,8 @@ def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
     test = bench.SHARED / PAIR["corpus"] / PAIR["test"]
     hyp = run_dir / f"{PAIR['test']}.hyp"
     bench.timed([*xinda, "translate", str(run_dir / "model"), "-i", f"{test}.{PAIR['src']}",
-           "-o", str(hyp), "--beam", str(args.beam), "--threads", str(args.run_threads)],
+           "-o", str(hyp), "--beam", str(args.beam), "--threads", str(args.run_threads),
+           *bench.decode_device()],
           run_dir / "translate.log")
     hyps = list(read_lines(hyp))
     refs = list(read_lines(f"{test}.{PAIR['tgt']}"))

@@ -65,6 +65,7 @@ from multi30k import (
     ROOT,
     SHARED,
     cached_result,
+    decode_device,
     experiment,
     markdown_table,
     same_recipe,
@@ -183,7 +184,8 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
         test = SHARED / p["corpus"] / p["test"]
         hyp_path = run_dir / f"{p['test']}.hyp"
         timed([*xinda, "translate", str(model_dir), "-i", str(raw_file(test, p["src"])), "-o",
-               str(hyp_path), "--threads", str(threads)], run_dir / "translate.log")
+               str(hyp_path), "--threads", str(threads), *decode_device()],
+              run_dir / "translate.log")
         hyps, refs = list(read_lines(hyp_path)), list(read_lines(raw_file(test, p["tgt"])))
         bleu, = corpus_scores(hyps, refs, metrics=("bleu",), tokenize=p["tokenize"])
         by_length = bleu_by_length(list(read_lines(raw_file(test, p["src"]))), hyps, refs,
@@ -612,6 +614,8 @@ def main() -> None:
         print("\n" + tables[-1] + "\n", flush=True)
         plot_valid_curves(runs, work / f"fusion_study-{pair}-valid.png",
                           f"{pair}, {args.size}, {args.updates} updates, seeds {args.seeds}")
+    if not report["pairs"]:
+        sys.exit(f"fusion_study: no data for {args.pairs} under {SHARED}: nothing to report")
     name = "fusion_study_gates" if args.gate_throughput else "fusion_study"
     work.mkdir(parents=True, exist_ok=True)
     (work / f"{name}.json").write_text(json.dumps(report, indent=1))

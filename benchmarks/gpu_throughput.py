@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from multi30k import markdown_table
 
 from xinda.config import TrainConfig
 from xinda.data.batching import collate, make_batches
@@ -118,7 +119,11 @@ def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
     src, tgt = synthetic_corpus(need, args.vocab, args.lengths_from)
     lens = np.array([len(s) for s in src]), np.array([len(t) for t in tgt])
     groups = make_batches(*lens, max_tokens, seed=1, epoch=0)[: args.updates + args.warmup]
-    batches = [collate(g, src, tgt, vocab.pad, vocab.bos, vocab.eos).to(device) for g in groups]
+    on_cpu = [collate(g, src, tgt, vocab.pad, vocab.bos, vocab.eos) for g in groups]
+    # each batch's FLOPs and tokens counted here, on the CPU: counting them on the GPU inside
+    # the timed loop would add kernels and a host sync to every update
+    work = [(model_flops(b, vocab.pad, cfg, params), float(b.ntokens)) for b in on_cpu]
+    batches = [b.to(device) for b in on_cpu]
     flops = tokens = 0.0
     for i, batch in enumerate(batches):
         if i == args.warmup:
@@ -129,8 +134,7 @@ def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if i >= args.warmup:
-            flops += model_flops(batch, vocab.pad, cfg, params)
-            tokens += batch.ntokens
+            flops, tokens = flops + work[i][0], tokens + work[i][1]
     sync(device)
     seconds = time.perf_counter() - start
     peak_mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
@@ -199,9 +203,31 @@ def main() -> None:
         report["decode"] = decode_speed(args.decode_model, args.decode_input, device,
                                         args.precision)
         print(json.dumps(report["decode"]), flush=True)
+    report["command"] = " ".join(["python", *sys.argv])
+    report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out.with_suffix('.json')}")
+    args.out.with_suffix(".md").write_text(markdown(report))
+    print(f"wrote {args.out.with_suffix('.json')} and .md")
+
+
+def markdown(report: dict) -> str:
+    """The report as the tables of ``docs/results``."""
+    header = ["preset", "max tokens", "parameters", "tgt tok/s", "model TFLOP/s",
+              "MFU vs measured matmul", "MFU vs spec peak", "peak GiB"]
+    rows = [[r["preset"], r["max_tokens"], f"{r['parameters']:,}", r["tgt_tok_per_s"],
+             r["model_tflops"], r["mfu_vs_measured_matmul"], r["mfu_vs_spec_peak"] or "-",
+             r["peak_memory_gib"] or "-"] for r in report["train"]]
+    head = (f"`{report['command']}` on {report['device']}, {report['date']}, torch "
+            f"{report['torch']}, {report['precision']}; measured bf16 matmul "
+            f"{report['matmul_tflops_measured']} TFLOP/s, spec peak "
+            f"{report['spec_peak_tflops'] or 'unknown'}.")
+    lines = [head, "", *markdown_table(header, rows)]
+    if "decode" in report:
+        d = report["decode"]
+        lines += ["", (f"Decode: {d['sentences']} sentences, beam {d['beam']}, batch "
+                       f"{d['batch_size']}, {d['precision']}: {d['sents_per_s']} sentences/s.")]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

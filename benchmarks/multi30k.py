@@ -154,6 +154,14 @@ PEAK_RSS = ("import os, subprocess, sys; child = subprocess.Popen(sys.argv[2:]);
             "sys.exit(os.waitstatus_to_exitcode(status))")
 
 
+def decode_device() -> list[str]:
+    """``xinda translate``'s device option: the GPU when the benchmark runs on one (its
+    default is the CPU)."""
+    import torch
+
+    return ["--device", "cuda"] if torch.cuda.is_available() else []
+
+
 def timed(cmd: list[str], log_path: Path, append: bool = False) -> dict:
     """Run cmd with its output in ``log_path`` (added to it with ``append``); return wall seconds
     and the command's peak RSS (MB). Safe to call from several threads at once."""
@@ -236,7 +244,8 @@ def main() -> None:
     test = SHARED / pair["corpus"] / pair["test"]
     hyp = work / f"{pair['test']}.hyp"
     dec = timed([*xinda, "translate", str(work / "model"), "-i", f"{test}.{pair['src']}",
-                 "-o", str(hyp), "--beam", "5", "--threads", str(args.threads)],
+                 "-o", str(hyp), "--beam", "5", "--threads", str(args.threads),
+                 *decode_device()],
                 work / "translate.log")
     speed = re.search(r"\(([\d.]+) sentences/s\)", (work / "translate.log").read_text())
 

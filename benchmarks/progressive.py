@@ -111,7 +111,8 @@ def run_arm(work: Path, data_bin: Path, arm: str, args) -> dict:
     test = bench.SHARED / pair["corpus"] / pair["test"]
     hyp = run_dir / f"{pair['test']}.hyp"
     bench.timed([*XINDA, "translate", str(model), "-i", f"{test}.{pair['src']}", "-o", str(hyp),
-                 "--beam", str(args.beam), "--threads", str(args.run_threads)],
+                 "--beam", str(args.beam), "--threads", str(args.run_threads),
+                 *bench.decode_device()],
                 run_dir / "translate.log")
     bleu = corpus_scores(list(read_lines(hyp)), list(read_lines(f"{test}.{pair['tgt']}")),
                          metrics=("bleu",), tokenize=pair["tokenize"])[0]
