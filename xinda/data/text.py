@@ -105,7 +105,8 @@ def moses_tokenize(line: str, lang: str) -> str:
     clitics...) than sacremoses allows is tokenised in windows of whole words."""
     tokenizer = _moses_tokenizer(lang)
     limit = getattr(tokenizer, "MAX_PROTECTED_TOKENS", 1000)  # (older ones garble 1000 and up)
-    windows = [(line, _protected_count(line, lang))]
+    # each pattern's matches take 2+ characters: 4 patterns find at most 2 * len(line)
+    windows = [(line, _protected_count(line, lang) if 2 * len(line) > limit else 0)]
     if windows[0][1] > limit:
         words = line.split(" ")
         windows = _moses_windows(words, [_protected_count(w, lang) for w in words], limit)
