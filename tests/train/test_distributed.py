@@ -237,6 +237,38 @@ def test_state_from_main_sends_rank_0_s_state_with_its_tensors_outside_the_pickl
     assert pickled0 == pickled1 and pickled0 and not any("tensor(" in p for p in pickled0)
 
 
+MAIN_FAILS = """
+import sys, torch, torch.distributed as dist
+from xinda.errors import XindaError
+from xinda.train.distributed import Ranks
+
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                        timeout=__import__("datetime").timedelta(seconds=60))
+ranks = Ranks(rank, 2, torch.device("cpu"), owns_group=True)
+try:
+    ranks.main_only(lambda: open(sys.argv[4]))
+except (OSError, XindaError) as err:
+    open(out, "w").write(f"{type(err).__name__}: {err}")
+"""
+
+
+def test_an_os_error_on_rank_0_stops_every_rank_at_once(tmp_path):
+    """Before: only XindaErrors were forwarded; an OSError on rank 0 (a full disk, a missing
+    file) left the others waiting dist_timeout, then saying "lost contact"."""
+    import subprocess
+    import sys
+
+    outs = [tmp_path / f"rank{r}.txt" for r in (0, 1)]
+    missing = tmp_path / "missing.txt"
+    procs = [subprocess.Popen([sys.executable, "-c", MAIN_FAILS, str(r), str(tmp_path / "store"),
+                               str(outs[r]), str(missing)]) for r in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    reason = f"[Errno 2] No such file or directory: '{missing}'"
+    assert outs[0].read_text() == f"FileNotFoundError: {reason}"
+    assert outs[1].read_text() == f"XindaError: rank 0 failed: FileNotFoundError: {reason}"
+
+
 def test_checkpoints_without_batches_per_update_fall_back_to_the_saved_config(tmp_path):
     """Checkpoints written before the product was recorded: ranks from the state, update_freq
     from out/config.yaml."""

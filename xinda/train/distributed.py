@@ -127,16 +127,21 @@ class Ranks:
     def main_only(self, work: Callable[[], T]) -> T:
         """``work()`` run by rank 0, its result on every rank; a XindaError it raises is raised
         on every rank (the others would wait for rank 0, then report lost contact), once the
-        ranks have left the process group together (NCCL warns at exit otherwise)."""
-        outcome = None
+        ranks have left the process group together (NCCL warns at exit otherwise). Any other
+        exception (an OSError, a bug) is raised as it is on rank 0 and named on the others."""
+        outcome, failure = None, None
         if self.is_main:
             try:
                 outcome = (work(), None)
             except XindaError as err:
                 outcome = (None, str(err))
+            except Exception as err:  # noqa: BLE001 - re-raised below, after the others know
+                failure, outcome = err, (None, f"rank 0 failed: {type(err).__name__}: {err}")
         value, error = self.from_main(outcome)
         if error is not None:
             self.close()
+            if failure is not None:
+                raise failure
             raise XindaError(error)
         return value
 
