@@ -1,5 +1,6 @@
 """Decoding speed of one trained model on xinda (fp32, bf16, int8) and on CTranslate2 (the same
-model exported with ``xinda export ctranslate2``, float32 and int8), in one process (issue 15).
+model exported with ``xinda export ctranslate2``, float32 and int8; each CTranslate2 engine in a
+process of its own), interleaved (issue 15).
 
     python benchmarks/decode_speed.py [--model runs/serve/multi30k-en-de-1315] [--threads 2]
         [--repeats 3] [--latency 100] [--sentences 0] [--out-dir docs/results]
@@ -12,7 +13,9 @@ is kept, since the machine is shared. BLEU (sacrebleu, detokenised by the model'
 each system; CTranslate2 divides scores by the length (length_penalty 1) where xinda uses
 GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. xinda ends a
 sentence's beam search after ``beam`` finished hypotheses (``decode.stop: beam``); the row
-"stop=best" ends it once a step's best candidate is finished, the rule CTranslate2 uses. Writes
+"stop=best" ends it once a step's best candidate is finished, the rule CTranslate2 uses. With
+``--threads N`` > 1 the rows "workers=N" decode in N one-thread xinda processes, and
+"ctranslate2 int8 inter=N" in N one-thread CTranslate2 replicas (its ``inter_threads``). Writes
 ``decode_speed.{json,md}`` to ``--out-dir``. Not a test: it takes a few minutes.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -39,37 +43,63 @@ BATCH, BEAM = 64, 5
 Decode = Callable[[list[list[str]], int, int], list[list[str]]]  # pieces, beam, batch -> pieces
 
 
-def xinda_decoder(translator: Translator, precision: str, stop: str = "beam") -> Decode:
-    """xinda's own decoding of pieces at ``precision``, ending beams by the ``stop`` rule."""
+def xinda_decoder(translator: Translator, precision: str, stop: str = "beam",
+                  workers: int = 1) -> Decode:
+    """xinda's own decoding of pieces at ``precision``, ending beams by the ``stop`` rule, in
+    this process (``workers`` 1) or in that many one-thread processes."""
     def decode(sources: list[list[str]], beam: int, batch: int) -> list[list[str]]:
         lines = [" ".join(s) for s in sources]
         out = translator.translate(lines, input_format="pieces", output_format="pieces",
                                    beam=beam, batch_size=batch, precision=precision,
-                                   max_len_a=1.5, max_len_b=10, stop=stop)
+                                   max_len_a=1.5, max_len_b=10, stop=stop, workers=workers)
         return [nbest[0].text.split() for nbest in out]
     return decode
 
 
-def ct2_decoder(ct2_dir: Path, compute_type: str, threads: int) -> Decode:
-    """CTranslate2 on the exported model, batched as ../shared/bench/peers/ct2_translate.py."""
-    import ctranslate2
-
-    engine = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=threads,
-                                    inter_threads=1, compute_type=compute_type)
+def ct2_decoder(ct2_dir: Path, compute_type: str, threads: int, inter: int = 1) -> Decode:
+    """CTranslate2 on the exported model, batched as ../shared/bench/peers/ct2_translate.py
+    (``inter`` 1: ``threads`` intra-op threads); with ``inter`` > 1, that many model replicas
+    of one thread each decode the batches side by side (CTranslate2's ``inter_threads``).
+    Each runs in a process of its own: CTranslate2 bundles its own GNU OpenMP, and beside
+    torch's in one process their spinning threads slowed xinda's 2-thread rows up to 5x."""
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    context.Process(target=_ct2_serve, args=(theirs, str(ct2_dir), compute_type, threads, inter),
+                    daemon=True).start()
 
     def decode(sources: list[list[str]], beam: int, batch: int) -> list[list[str]]:
+        ours.send((sources, beam, batch))
+        return ours.recv()
+    return decode
+
+
+def _ct2_serve(conn, ct2_dir: str, compute_type: str, threads: int, inter: int) -> None:
+    """The CTranslate2 process of ``ct2_decoder``: decodes what ``conn`` sends until it closes."""
+    import ctranslate2
+
+    engine = ctranslate2.Translator(ct2_dir, device="cpu",
+                                    intra_threads=threads if inter == 1 else 1,
+                                    inter_threads=inter, compute_type=compute_type)
+    while True:
+        try:
+            sources, beam, batch = conn.recv()
+        except EOFError:
+            return
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[str]] = [[] for _ in sources]
+        pending = []
         for start in range(0, len(order), batch):
             rows = order[start:start + batch]
             chunk = [sources[i] for i in rows]  # the export adds the source EOS
             limit = int(1.5 * max(len(s) for s in chunk) + 10)
             results = engine.translate_batch(chunk, beam_size=beam, max_batch_size=batch,
-                                             max_decoding_length=limit, length_penalty=1.0)
+                                             max_decoding_length=limit, length_penalty=1.0,
+                                             asynchronous=inter > 1)
+            pending.append((rows, results))
+        for rows, results in pending:
             for i, result in zip(rows, results):
-                out[i] = result.hypotheses[0]
-        return out
-    return decode
+                out[i] = (result.result() if inter > 1 else result).hypotheses[0]
+        conn.send(out)
 
 
 def systems(translator: Translator, model_dir: Path, work: Path, threads: int
@@ -77,12 +107,20 @@ def systems(translator: Translator, model_dir: Path, work: Path, threads: int
     """The decoders to compare; CTranslate2's only when it is installed."""
     found = {f"xinda {p}": xinda_decoder(translator, p) for p in ("fp32", "bf16", "int8")}
     found["xinda int8 stop=best"] = xinda_decoder(translator, "int8", "best")
+    if threads > 1:  # the same cores as processes of one thread each
+        found[f"xinda int8 workers={threads}"] = xinda_decoder(translator, "int8",
+                                                               workers=threads)
+        found[f"xinda int8 stop=best workers={threads}"] = xinda_decoder(
+            translator, "int8", "best", workers=threads)
     try:
         from xinda.export.ctranslate2 import export_ctranslate2
 
         export_ctranslate2(model_dir, work / "ct2")
         for compute_type, name in (("float32", "ctranslate2 fp32"), ("int8", "ctranslate2 int8")):
             found[name] = ct2_decoder(work / "ct2", compute_type, threads)
+        if threads > 1:
+            found[f"ctranslate2 int8 inter={threads}"] = ct2_decoder(work / "ct2", "int8",
+                                                                     threads, inter=threads)
     except ImportError as err:
         print(f"CTranslate2 rows skipped: {err}", file=sys.stderr)
     return found

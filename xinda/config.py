@@ -198,6 +198,9 @@ class DecodeConfig(Strict):
     # glibc, on CPU: keep freed memory in the heap for the next step's tensors instead of
     # faulting it in again from the OS (xinda.device.keep_freed_heap; beam 5 ~10 % faster)
     keep_heap: bool = True
+    # CPU processes that decode batches side by side, one thread each (xinda.decode.workers);
+    # 1: decode in this process, with its threads
+    workers: int = Field(1, ge=1, le=MAX_THREADS)
     # sampling instead of beam search (xinda.decode.sampling; `xinda translate --sampling`)
     sampling: bool = False
     temperature: float = Field(1.0, gt=0)  # divides the log-probabilities (-> 0: greedy)

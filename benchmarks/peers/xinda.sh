@@ -9,12 +9,15 @@
 #       pip install -e '.[export]'
 # Run beside the peers:
 #   EXTRA_PEER_DIR=benchmarks/peers PEER_LIST="xinda fairseq" bash ../shared/bench/run_peers.sh
+# XINDA_DECODE: more `xinda translate` options, e.g. "--precision int8 --workers 2" (default:
+#   none, i.e. fp32 in one process with THREADS threads)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BENCH_COMMON=${BENCH_COMMON:-$ROOT/../shared/bench/peers/common.sh}
 source "$BENCH_COMMON"
 PY=${XINDA_PY:-$ROOT/.venv/bin/python}
+XINDA_DECODE=${XINDA_DECODE:-}
 [ -x "$PY" ] || PY=python3
 
 cmd=${1:?usage: train SECONDS OUTDIR | translate OUTDIR IN OUT | version | export-ctranslate2 OUTDIR CT2_DIR}; shift
@@ -78,7 +81,7 @@ PYEOF
     TIMEFILE=$OUT.time.txt
     timed "$PY" -m xinda.cli translate "$MODEL" -i "$IN" -o "$OUT" --input-format pieces \
       --output-format pieces --beam "$BEAM" --batch-size "$TRANSLATE_BATCH" \
-      --max-len-a 1.5 --max-len-b 10 --threads "$THREADS" > "$OUT.log" 2>&1 \
+      --max-len-a 1.5 --max-len-b 10 --threads "$THREADS" $XINDA_DECODE > "$OUT.log" 2>&1 \
       || { tail -n 30 "$OUT.log"; exit 1; }
     N=$(wc -l < "$IN"); M=$(wc -l < "$OUT")
     [ "$N" = "$M" ] || { echo "xinda produced $M of $N lines" >&2; exit 1; }

@@ -4,9 +4,11 @@ with sources too long for the model, empty lines, and options it cannot honour."
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import pytest
+import torch
 
 from xinda.config import DataConfig, ExperimentConfig
 from xinda.data.manifest import Vocabularies
@@ -217,3 +219,47 @@ def test_unk_itself_can_be_banned(translator):
     unk_piece = tr.tgt_vocab.ids_to_pieces([tr.tgt_vocab.unk])[0]
     [ban] = tr.constraints_for(["a"], ban=[unk_piece])
     assert tr.tgt_vocab.unk in ban.ids
+
+
+def _decoded_in(monkeypatch, log) -> None:
+    """Make every decoded batch append the id of its process to ``log``."""
+    real = Translator._decode_batch
+
+    def logged(self, *args, **kwargs):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Translator, "_decode_batch", logged)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_workers_decode_the_same_batches_in_other_processes(translator, monkeypatch, tmp_path,
+                                                            precision):
+    """``decode.workers``: forked processes decode whole batches, so the translations,
+    scores and attention weights are those of one process with one thread."""
+    rng = random.Random(1)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9))) for _ in range(30)]
+    tr = translator(TRANSFORMER, decode={"max_len_a": 1.0, "max_len_b": 3, "batch_size": 4,
+                                         "precision": precision})
+    one = tr.translate(lines, beam=3, nbest=2, need_attention=True)
+    _decoded_in(monkeypatch, tmp_path / "pids")
+    two = tr.translate(lines, beam=3, nbest=2, need_attention=True, workers=2)
+    pids = {int(p) for p in (tmp_path / "pids").read_text().split()}
+    assert pids and os.getpid() not in pids and len(pids) <= 2
+    assert [[(t.text, t.score) for t in n] for n in two] == [
+        [(t.text, t.score) for t in n] for n in one]
+    assert all(torch.equal(a.attention, b.attention)
+               for n1, n2 in zip(one, two) for a, b in zip(n1, n2))
+
+
+def test_a_worker_that_dies_is_a_clear_error(translator, monkeypatch):
+    monkeypatch.setattr(Translator, "_decode_batch", lambda *args: os._exit(1))
+    tr = translator(TRANSFORMER, decode={**SHORT, "batch_size": 1})
+    with pytest.raises(XindaError, match="a decode.workers process died"):
+        tr.translate(["a house", "the dog", "a cat"], workers=2)
+
+
+def test_workers_are_refused_when_sampling(translator):
+    with pytest.raises(XindaError, match="sampling draws them from one generator"):
+        translator(TRANSFORMER, decode=SHORT).translate(["a house", "a dog"], workers=2,
+                                                        sampler=SamplingConfig(n=2))

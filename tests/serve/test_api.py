@@ -9,6 +9,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
+from xinda.decode.translator import Translator
 from xinda.errors import XindaError
 from xinda.serve.app import check_address, create_app
 from xinda.serve.models import load_models
@@ -421,3 +422,17 @@ def test_models_served_in_int8(served_model_dir, served_models):
         got = post(client, "/v1/translate", text=["one two", "three"]).json()["translations"]
     assert [len(t["nbest"]) for t in got] == [1, 1]
     assert served_models["numbers"].info()["precision"] == "fp32"  # the others are untouched
+
+
+def test_served_models_decode_in_the_servers_process(served_model_dir, monkeypatch):
+    """A model trained with ``decode.workers: 2`` is served with one: the server batches the
+    requests in its worker thread, and forking a threaded server is not safe."""
+    load = Translator.load
+
+    def with_workers(model_dir, **kwargs):
+        translator = load(model_dir, **kwargs)
+        translator.cfg.decode.workers = 2
+        return translator
+    monkeypatch.setattr(Translator, "load", staticmethod(with_workers))
+    served = load_models([served_model_dir])["numbers"]
+    assert served.translator.cfg.decode.workers == 1

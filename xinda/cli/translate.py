@@ -69,6 +69,9 @@ def translate(
     output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
     scores: Annotated[bool, typer.Option(help="prefix each line with its score")] = False,
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
+    workers: Annotated[int | None, typer.Option(
+        help="CPU processes that decode batches side by side, one thread each "
+             "(decode.workers; replaces --threads)")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     attention_plot: Annotated[Path | None, typer.Option(
         help="write a source-target attention heat-map PNG per sentence into this folder")] = None,
@@ -111,7 +114,8 @@ def translate(
                                              input_format, prefix and str(prefix))
     search = {"beam": beam, "nbest": nbest, "coverage": coverage, "stop": stop}
     given = {"alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
-             "max_len_b": max_len_b, "precision": precision, **search, **sampler}
+             "max_len_b": max_len_b, "precision": precision, "workers": workers, **search,
+             **sampler}
     overrides = _decode_overrides(set_ or [])
     options = {**overrides, **{k: v for k, v in given.items() if v is not None}}
     dec = translator.decode_settings(options)

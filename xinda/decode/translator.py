@@ -39,6 +39,7 @@ from xinda.decode.constraints import (
 from xinda.decode.ensemble import Ensemble, check_same_vocabularies
 from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
+from xinda.decode.workers import map_in_workers
 from xinda.device import autocast, keep_freed_heap, pick_precision
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
@@ -150,13 +151,21 @@ class Translator:
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         generator = None if sampling is None else sampling.generator(self.device)
-        for start in range(0, len(order), dec.batch_size):
-            chunk = order[start:start + dec.batch_size]
+        chunks = [order[start:start + dec.batch_size]
+                  for start in range(0, len(order), dec.batch_size)]
+
+        def decode_chunk(k: int) -> list[list[Hypothesis]]:
             search = functools.partial(self._search, dec=dec, need_attention=need_attention,
-                                       constraints=reindex(constraints, chunk),
+                                       constraints=reindex(constraints, chunks[k]),
                                        sampling=sampling, generator=generator)
-            for i, hyps in zip(chunk, self._decode_batch([sources[i] for i in chunk], dec,
-                                                         search)):
+            return self._decode_batch([sources[i] for i in chunks[k]], dec, search)
+
+        # the longest batches first (no worker is left with a long one at the end); sampling
+        # draws from one generator, in batch order
+        handed_out = range(len(chunks)) if sampling else range(len(chunks) - 1, -1, -1)
+        decoded = map_in_workers(decode_chunk, handed_out, self._workers(dec, sampling))
+        for k, chunk in enumerate(chunks):
+            for i, hyps in zip(chunk, decoded[k]):
                 results[i] = [self._finish(h, sources[i], output_format) for h in hyps] or [
                     Translation("", float("-inf"), self._source_pieces(sources[i]), [],
                                 error=UNSATISFIABLE)]
@@ -181,6 +190,19 @@ class Translator:
         if not dec.sampling and dec.nbest > dec.beam:
             dec.beam = dec.nbest
         return dec
+
+    def _workers(self, dec: DecodeConfig, sampling: SamplingConfig | None) -> int:
+        """``decode.workers``, checked; with more than one, the model is quantised (for int8)
+        before the workers are forked, so that they share it."""
+        if dec.workers > 1:
+            if sampling is not None:
+                raise XindaError("decode.workers > 1 decodes batches out of order, and sampling "
+                                 "draws them from one generator in order: use 1 worker")
+            if self.device.type != "cpu":
+                raise XindaError(f"decode.workers > 1 runs on CPU, not {self.device.type}")
+            if pick_precision(dec.precision, self.device) == "int8":
+                self.int8_model()
+        return dec.workers
 
     def translate_text(self, lines: list[str], **options) -> list[str]:
         """Convenience: the best translation of each line as a string."""

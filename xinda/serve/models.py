@@ -50,11 +50,12 @@ def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",
         if not (model_dir / "config.yaml").is_file():
             raise XindaError(f"{model_dir}: not a trained model directory (no config.yaml)")
         translator = Translator.load(model_dir, device=device)
-        if precision:
-            translator.cfg = translator.cfg.model_copy(update={
-                "decode": translator.decode_settings({"precision": precision})})
-            if precision == "int8":
-                translator.int8_model()
+        # one process: the server's worker thread batches the requests (forking a threaded
+        # server for decode.workers is not safe)
+        translator.cfg = translator.cfg.model_copy(update={"decode": translator.decode_settings(
+            {"workers": 1, **({"precision": precision} if precision else {})})})
+        if precision == "int8":
+            translator.int8_model()
         models[name] = ServedModel.of(name, translator)
     if not models:
         raise XindaError("no model directory given")
