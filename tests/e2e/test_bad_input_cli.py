@@ -186,10 +186,19 @@ def test_a_line_of_control_characters_translates_to_an_empty_line(trained, xinda
     assert float(rows[0].split("\t")[0]) < 0  # a real line is decoded
 
 
+def test_translate_with_workers_writes_what_one_thread_writes(trained, xinda):
+    lines = "five\ntwelve\nthree hundred\n\nforty-two\nsix\n"
+    one = xinda("translate", trained.model_dir, "--threads", "1", "--batch-size", "2",
+                "--scores", input=lines)
+    two = xinda("translate", trained.model_dir, "--workers", "2", "--batch-size", "2",
+                "--scores", input=lines)
+    assert two.stdout == one.stdout and len(one.stdout.split("\n")) == 7
+
+
 @pytest.mark.parametrize(("option", "value", "setting"), [
     ("--beam", "0", "decode.beam"), ("--batch-size", "0", "decode.batch_size"),
     ("--alpha", "-1", "decode.alpha"), ("--precision", "fp8", "decode.precision"),
-    ("--stop", "first", "decode.stop")])
+    ("--stop", "first", "decode.stop"), ("--workers", "0", "decode.workers")])
 def test_bad_decode_options_are_one_line_errors(trained, xinda, one_line_error, option, value,
                                                 setting):
     proc = xinda("translate", trained.model_dir, option, value, input="five\n", ok=False)
