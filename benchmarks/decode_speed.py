@@ -64,11 +64,17 @@ def ct2_decoder(ct2_dir: Path, compute_type: str, threads: int, inter: int = 1) 
     torch's in one process their spinning threads slowed xinda's 2-thread rows up to 5x."""
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
-    context.Process(target=_ct2_serve, args=(theirs, str(ct2_dir), compute_type, threads, inter),
-                    daemon=True).start()
+    engine = context.Process(target=_ct2_serve, daemon=True,
+                             args=(theirs, str(ct2_dir), compute_type, threads, inter))
+    engine.start()
+    theirs.close()  # (the child's end: kept open here, a dead child would never be noticed)
 
     def decode(sources: list[list[str]], beam: int, batch: int) -> list[list[str]]:
         ours.send((sources, beam, batch))
+        while not ours.poll(1.0):
+            if not engine.is_alive():
+                sys.exit(f"the CTranslate2 {compute_type} process died (exit code "
+                         f"{engine.exitcode})")
         return ours.recv()
     return decode
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 import os
 import random
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -263,3 +267,63 @@ def test_workers_are_refused_when_sampling(translator):
     with pytest.raises(XindaError, match="sampling draws them from one generator"):
         translator(TRANSFORMER, decode=SHORT).translate(["a house", "a dog"], workers=2,
                                                         sampler=SamplingConfig(n=2))
+
+
+def test_concurrent_calls_with_workers_get_their_own_translations(translator):
+    """Before: the job waited in a module global for the forked workers, so a call from
+    another thread could fork with it and return that call's translations."""
+    tr = translator(TRANSFORMER, decode={**SHORT, "batch_size": 1})
+    a, b = ["a house", "the dog", "a red cat"], ["the blue street", "a woman", "man runs"]
+    want = {"a": tr.translate_text(a), "b": tr.translate_text(b)}
+    assert want["a"] != want["b"]
+    got: dict[str, list[list[str]]] = {"a": [], "b": []}
+    start = threading.Barrier(2)
+
+    def run(name: str, lines: list[str]) -> None:
+        for _ in range(3):
+            start.wait()
+            got[name].append(tr.translate_text(lines, workers=2))
+    threads = [threading.Thread(target=run, args=item) for item in (("a", a), ("b", b))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == {"a": [want["a"]] * 3, "b": [want["b"]] * 3}
+
+
+def test_workers_die_with_their_parent(tmp_path):
+    """Before: a killed ``xinda translate`` left its workers waiting for work forever."""
+    script = f"""
+import os, time
+from xinda.decode.workers import map_in_workers
+def job(i):
+    with open({str(tmp_path / "pids")!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+    time.sleep(60)
+map_in_workers(job, [0, 1], 2)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids := _pids(tmp_path / "pids")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(pids) == 2
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids))
+
+
+def _pids(path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return False

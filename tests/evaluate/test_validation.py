@@ -58,10 +58,11 @@ def test_scores_the_validation_translations_with_sacrebleu(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("decode", [{"sampling": True, "temperature": 5.0}, {"nbest": 4},
-                                    {"precision": "int8"}, {"beam": 7}])
+                                    {"precision": "int8"}, {"beam": 7}, {"workers": 2}])
 def test_validation_decodes_by_beam_search_in_full_precision_whatever_decode_says(
         cfg, monkeypatch, decode):
-    """Before: validation sampled, or wrote 4-best lists, or decoded in int8."""
+    """Before: validation sampled, or wrote 4-best lists, or decoded in int8, or forked the
+    training process into decode.workers (on a GPU: stopped the run with an error)."""
     real, calls = Translator.translate_text, []
 
     def translate_text(self, lines, **options):
@@ -73,8 +74,9 @@ def test_validation_decodes_by_beam_search_in_full_precision_whatever_decode_say
     other = cfg.model_copy(update={"decode": cfg.decode.model_copy(update=decode)})
     validation_bleu(other)(build_model(cfg.model, vocabs.info))
     [options] = calls
-    assert {k: options[k] for k in ("beam", "nbest", "sampling", "precision")} == {
-        "beam": 2, "nbest": 1, "sampling": False, "precision": "fp32"}  # train.valid_beam 2
+    assert {k: options[k] for k in ("beam", "nbest", "sampling", "precision", "workers")} == {
+        "beam": 2, "nbest": 1, "sampling": False, "precision": "fp32", "workers": 1
+    }  # train.valid_beam 2
 
 
 @pytest.mark.parametrize("keep_heap", [True, False])

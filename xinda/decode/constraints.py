@@ -31,7 +31,9 @@ NEG_INF = float("-inf")
 
 class Constraint:
     """Base class: override the batched hook ``apply`` or one of the per-row hooks
-    ``allowed_tokens`` / ``banned_tokens``, and any of the length declarations.
+    ``allowed_tokens`` / ``banned_tokens``, and any of the length declarations. A constraint
+    must not rely on state it changes while decoding (caches aside): with ``decode.workers``
+    its hooks run in forked copies, whose changes the caller never sees.
 
     ``apply(step, prefix, sentence, logp)``:
         step      int, the 0-based output position being chosen (BOS not counted)

@@ -197,7 +197,8 @@ class Translator:
         if dec.workers > 1:
             if sampling is not None:
                 raise XindaError("decode.workers > 1 decodes batches out of order, and sampling "
-                                 "draws them from one generator in order: use 1 worker")
+                                 "draws them from one generator in order: use --workers 1 "
+                                 "(decode.workers=1)")
             if self.device.type != "cpu":
                 raise XindaError(f"decode.workers > 1 runs on CPU, not {self.device.type}")
             if pick_precision(dec.precision, self.device) == "int8":

@@ -11,8 +11,11 @@ its thread team, and a forked child that starts a new team hangs.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -24,34 +27,42 @@ from xinda.errors import XindaError
 from xinda.utils import interrupts_deferred
 
 T = TypeVar("T")
-_JOB: Callable[[int], object] | None = None  # what the forked workers run: set before forking
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies (Linux)
+_job: Callable[[int], object] | None = None  # in a worker: what it runs (given when forked)
 
 
-def _start_worker() -> None:
+def _start_worker(job: Callable[[int], object], parent: int) -> None:
+    global _job
+    _job = job
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: it is the parent's
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, if it had one
+    if sys.platform.startswith("linux"):  # a killed parent takes its workers with it
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before prctl
+        os._exit(1)
 
 
 def _run(index: int) -> object:
-    assert _JOB is not None, "forked without a job"
-    return _JOB(index)
+    assert _job is not None, "a worker without a job"
+    return _job(index)
 
 
 def map_in_workers(job: Callable[[int], T], order: Sequence[int], workers: int) -> dict[int, T]:
     """``{i: job(i)}`` for the indices in ``order``, handed out in that order to ``workers``
-    forked processes as they become free (in this process for one worker or one index)."""
-    global _JOB
+    forked processes as they become free (in this process for one worker or one index). The
+    job is handed to the workers as they are forked, not pickled: it may be a closure."""
     if workers <= 1 or len(order) <= 1:
         return {i: job(i) for i in order}
-    _JOB = job
     pool = ProcessPoolExecutor(min(workers, len(order)), initializer=_start_worker,
+                               initargs=(job, os.getpid()),
                                mp_context=multiprocessing.get_context("fork"))
     try:
         return dict(zip(order, pool.map(_run, order)))
-    except BrokenProcessPool:
-        raise XindaError(f"a decode.workers process died (killed, or out of memory?): decode "
-                         f"again with fewer than {workers} workers") from None
+    except BrokenProcessPool as err:
+        why = f" ({err.__cause__})" if err.__cause__ else ""
+        raise XindaError(f"a decode.workers process died{why} (killed, or out of memory?): "
+                         f"decode again with fewer than {workers} workers") from None
     finally:
-        _JOB = None
         with interrupts_deferred():
             pool.shutdown(wait=True, cancel_futures=True)

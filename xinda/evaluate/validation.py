@@ -36,11 +36,12 @@ def validation_bleu(cfg: ExperimentConfig, data_dir: str | Path | None = None) -
     tokenize = bleu_tokenizer(manifest["tgt_lang"])
 
     def score(model: Seq2SeqModel) -> float:
-        # beam search in full precision, whatever decode.sampling / nbest / precision say,
-        # and leaving glibc's heap as training set it
+        # beam search in full precision in this process (on its device), whatever
+        # decode.sampling / nbest / precision / workers say, and leaving glibc's heap as
+        # training set it
         hyps = Translator(model, cfg, vocabs).translate_text(
             sources, beam=tc.valid_beam, nbest=1, sampling=False, precision="fp32",
-            keep_heap=tc.keep_heap)
+            keep_heap=tc.keep_heap, workers=1)
         return corpus_scores(hyps, refs, metrics=("bleu",), tokenize=tokenize)[0].score
 
     return score
