@@ -22,6 +22,7 @@ from xinda.data.vocab import Vocab
 from xinda.decode.ensemble import Ensemble
 from xinda.decode.sampling import SamplingConfig
 from xinda.decode.translator import UNSATISFIABLE, Translator
+from xinda.decode.workers import map_in_workers
 from xinda.errors import XindaError
 from xinda.serve import tasks
 
@@ -327,3 +328,16 @@ def _alive(pid: int) -> bool:
         return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
     except FileNotFoundError:
         return False
+
+
+class _TwoArgumentError(Exception):
+    def __init__(self, what: str, where: int):
+        super().__init__(f"{what} at {where}")
+
+
+def test_a_worker_error_that_pickle_cannot_rebuild_comes_back_by_name():
+    """Before: it broke the pool, and the parent said that a worker had died."""
+    def job(i: int) -> int:
+        raise _TwoArgumentError("bad constraint", i)
+    with pytest.raises(RuntimeError, match="^_TwoArgumentError: bad constraint at [01]$"):
+        map_in_workers(job, [0, 1], 2)

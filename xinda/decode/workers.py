@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -45,7 +46,14 @@ def _start_worker(job: Callable[[int], object], parent: int) -> None:
 
 def _run(index: int) -> object:
     assert _job is not None, "a worker without a job"
-    return _job(index)
+    try:
+        return _job(index)
+    except Exception as err:  # one that pickle cannot rebuild would break the pool
+        try:
+            pickle.loads(pickle.dumps(err))
+        except (TypeError, AttributeError, pickle.PicklingError):
+            raise RuntimeError(f"{type(err).__name__}: {err}") from None
+        raise
 
 
 def map_in_workers(job: Callable[[int], T], order: Sequence[int], workers: int) -> dict[int, T]:
@@ -60,7 +68,7 @@ def map_in_workers(job: Callable[[int], T], order: Sequence[int], workers: int) 
     try:
         return dict(zip(order, pool.map(_run, order)))
     except BrokenProcessPool as err:
-        why = f" ({err.__cause__})" if err.__cause__ else ""
+        why = f" ({str(err.__cause__).strip().splitlines()[-1]})" if err.__cause__ else ""
         raise XindaError(f"a decode.workers process died{why} (killed, or out of memory?): "
                          f"decode again with fewer than {workers} workers") from None
     finally:
