@@ -22,6 +22,7 @@ import torch
 from multi30k import SHARED
 
 from xinda.decode.translator import Translator
+from xinda.errors import XindaError
 
 
 def main() -> None:
@@ -34,7 +35,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    translator = Translator.load(args.model)
+    if args.cores < 2:
+        ap.error("--cores must be at least 2 (1 thread is always measured)")
+    try:
+        translator = Translator.load(args.model)
+    except XindaError as err:
+        sys.exit(f"error: {err}")
     src = translator.cfg.data.src_lang
     test = SHARED / "multi30k" / f"test2016.{src}"
     if not test.exists():
