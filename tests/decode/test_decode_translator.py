@@ -341,3 +341,26 @@ def test_a_worker_error_that_pickle_cannot_rebuild_comes_back_by_name():
         raise _TwoArgumentError("bad constraint", i)
     with pytest.raises(RuntimeError, match="^_TwoArgumentError: bad constraint at [01]$"):
         map_in_workers(job, [0, 1], 2)
+
+
+@pytest.mark.parametrize("token", ["</s>", "<s>"])
+def test_control_tokens_cannot_be_banned(translator, token):
+    """Before: --ban '</s>' was taken, and every line came back empty as 'unsatisfiable'."""
+    tr = translator(TRANSFORMER)
+    with pytest.raises(XindaError, match=f"^cannot ban '{token}': it is a control token"):
+        tr.constraints_for(["a"], ban=["house", token])
+
+
+@pytest.mark.parametrize("options", [{"beam": 1}, {"beam": 4, "nbest": 2}])
+def test_attention_of_a_translation_holds_only_its_own_weights(translator, options):
+    """Before: each returned matrix was a view of the batch's whole attention history (every
+    row and step), which it kept alive: 100x its size at beam 5, and sent through /dev/shm
+    by decode.workers."""
+    lines = ["a house", "the red dog runs in the street with a man", "cat", "on blue"]
+    tr = translator(TRANSFORMER, decode={"max_len_a": 1.0, "max_len_b": 4})
+    for nbest in tr.translate(lines, need_attention=True, **options):
+        for t in nbest:
+            held = t.attention.untyped_storage().nbytes()
+            assert held == t.attention.numel() * t.attention.element_size()
+            # EOS rows and columns included
+            assert t.attention.shape == (len(t.target_pieces) + 1, len(t.source_pieces) + 1)

@@ -313,6 +313,9 @@ class Translator:
         unk = self.tgt_vocab.unk
         unk_piece = self.tgt_vocab.ids_to_pieces([unk])[0]  # "<unk>" itself may be banned
         ids = {i for i in self.tgt_vocab.pieces_to_ids([word]) if i != unk or word == unk_piece}
+        if special := ids & {self.tgt_vocab.bos, self.tgt_vocab.eos, self.tgt_vocab.pad}:
+            raise XindaError(f"cannot ban {word!r}: it is a control token of the search "
+                             f"(id {min(special)}), not a word of the output")
         encoded = self.encode_target(word)
         if len(encoded) == 1 and encoded[0] != unk:
             ids.add(encoded[0])
@@ -351,7 +354,9 @@ class Translator:
             text = " ".join(pieces)
         else:
             text = self.tgt_text.postprocess(self.tgt_vocab.decode(hyp.tokens))
-        attn = None if hyp.attention is None else hyp.attention[:, : len(src_ids)].cpu()
+        # a copy: the slice is a view of the whole batch's beam history, which it would keep
+        attn = (None if hyp.attention is None
+                else hyp.attention[:, : len(src_ids)].to("cpu", copy=True))
         return Translation(text, hyp.score, self._source_pieces(src_ids), pieces, attn)
 
 
