@@ -107,7 +107,8 @@ def evaluate(
     by_length: Annotated[bool, typer.Option(help="BLEU per source-length bucket")] = False,
     tokenize: Annotated[str | None, typer.Option(
         help="sacrebleu tokenizer, e.g. zh; default zh for mostly CJK references (char for "
-             "Japanese), else 13a (ROUGE: zh/char = characters, else English words, stemmed)")
+             "Japanese), else 13a (ROUGE: zh/char = characters, else words, English ones "
+             "stemmed)")
     ] = None,
     metrics: Annotated[str, typer.Option(
         help="comma-separated: bleu,chrf,chrf++,ter,rouge")] = "bleu,chrf,ter",

@@ -109,13 +109,17 @@ def corpus_scores(
     references, "char" when they are Japanese, else sacreBLEU's 13a), to TER as its
     Asian-language support for "zh",
     "ja-mecab", "ko-mecab" and "char", and to ROUGE
-    ("zh" or "char": characters; None: characters for mostly CJK references; else
-    rouge-score's English words). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L.
+    ("zh" or "char": characters; None: characters for mostly CJK references; else words,
+    the English ones stemmed). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L. An
+    unusable ``tokenize`` is refused whichever metrics are asked for.
     """
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
     hyps = list(hyps)
     tokenize = resolve_tokenizer(tokenize, streams)
+    if tokenize is not None:
+        _make_bleu(tokenize)  # refused before any score, as with BLEU among the metrics
+    metrics = [name.strip() for name in metrics]  # "bleu, chrf"
     unknown = [name for name in metrics if name.lower() not in METRICS]
     if unknown:
         raise XindaError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
@@ -141,22 +145,37 @@ class _Characters:
         return [ch for ch in text if not ch.isspace()]
 
 
+class _Words:
+    """rouge-score's words for any script: lowercased runs of letters, marks and digits
+    (rouge-score's own tokenizer keeps only [a-z0-9], so "Größe" became "gr", "e" and
+    Cyrillic vanished), the ASCII ones Porter-stemmed when over 3 characters as rouge-score
+    does; on ASCII text the same tokens as rouge-score's default tokenizer."""
+
+    def __init__(self):
+        import regex  # sacrebleu's dependency
+        from nltk.stem import porter
+
+        self._word = regex.compile(r"[\p{L}\p{M}\p{N}]+")
+        self._stem = porter.PorterStemmer().stem
+
+    def tokenize(self, text: str) -> list[str]:
+        return [self._stem(w) if len(w) > 3 and w.isascii() else w
+                for w in self._word.findall(text.lower())]
+
+
 def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -> list[Score]:
     """ROUGE-1/2/L F1 x 100 (Lin 2004), the mean over sentences; with several reference
-    streams, each sentence's F1 is its mean over the references. Words: rouge-score's default
-    tokenizer (lowercased runs of [a-z0-9]) with Porter stemming; "zh"/"char", or ``tokenize``
-    None and mostly CJK references (``is_mostly_cjk``): characters. A reference with letters
-    or digits but no such word (another script) is a XindaError."""
+    streams, each sentence's F1 is its mean over the references. Tokens: words (``_Words``:
+    rouge-score's lowercased, Porter-stemmed words, in any script); "zh"/"char", or
+    ``tokenize`` None and mostly CJK references (``is_mostly_cjk``): characters."""
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
     chars = resolve_tokenizer(tokenize, streams) in ("zh", "char")
-    if not chars:
-        _check_words(streams)
     # imported here: rouge-score loads nltk, which training, translating and BLEU do not need
-    from rouge_score import rouge_scorer, tokenizers
+    from rouge_score import rouge_scorer
 
-    words = tokenizers.DefaultTokenizer(use_stemmer=True)
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=_Characters() if chars else words)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES),
+                                      tokenizer=_Characters() if chars else _Words())
     totals = dict.fromkeys(ROUGE_TYPES, 0.0)
     for i, hyp in enumerate(hyps):
         for stream in streams:
@@ -167,20 +186,6 @@ def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -
                  f"rouge-score:{version('rouge-score')}")
     n = len(hyps) * len(streams)
     return [Score(name, 100 * totals[key] / n, signature) for key, name in ROUGE_TYPES.items()]
-
-
-def _check_words(streams: list[list[str]]) -> None:
-    """A XindaError for the first reference with letters or digits of which rouge-score's
-    tokenizer keeps no word (e.g. Cyrillic): it would score 0 whatever the hypothesis."""
-    from rouge_score import tokenizers
-
-    words = tokenizers.DefaultTokenizer()  # stemming never empties a word: not needed here
-    for k, stream in enumerate(streams):
-        for i, ref in enumerate(stream, start=1):
-            if any(ch.isalnum() for ch in ref) and not words.tokenize(ref):
-                where = f"reference line {i}" + (f" (stream {k + 1})" if len(streams) > 1 else "")
-                raise XindaError(f"ROUGE: {where} has no [a-z0-9] word to count ({ref[:30]!r}): "
-                                 "score this language with --tokenize char")
 
 
 # --- BLEU by source length ---------------------------------------------------------------------
