@@ -238,3 +238,36 @@ def test_fp16_on_the_cpu_scales_the_loss(prepared, tmp_path):
     assert trainer.scaler.is_enabled()
     assert trainer.train().step == 2
     assert trainer.scaler.get_scale() > 0
+
+
+def test_the_updates_after_the_last_full_window_get_a_row_logged_once(prepared, tmp_path):
+    """Before: updates 6-7 of a 7-update run with a row every 5 were in no row of log.csv. The
+    final row is logged again, not twice, when the run is resumed."""
+    run(prepared, tmp_path, max_steps=7, log_every=5)
+    def logged():  # (elapsed_s: the resumed run's clock; a row's order at a step)
+        return sorted((r["step"], r["valid_loss"], r["train_loss"], r["train_nll"], r["lr"])
+                      for r in rows(tmp_path))
+
+    assert [r["step"] for r in rows(tmp_path) if r["train_loss"]] == ["5", "7"]
+    before = logged()
+    run(prepared, tmp_path, resume=True, max_steps=7, log_every=5)
+    assert logged() == before
+
+
+def test_a_validation_row_whose_checkpoint_never_came_is_not_logged_twice(
+        prepared, tmp_path, per_epoch, monkeypatch):
+    """A run dies after logging its epoch-end validation but before that epoch's checkpoint,
+    while a save_every checkpoint holds the same update. Before: --resume validated it again
+    and log.csv had two rows for it."""
+    from xinda.train import trainer
+
+    def die(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(trainer, "plot_curves", die)  # right after the row is written
+    with pytest.raises(RuntimeError, match="killed"):
+        run(prepared, tmp_path, max_steps=per_epoch, save_every=per_epoch)
+    assert newest_progress(tmp_path)["validated_step"] < per_epoch
+    monkeypatch.undo()
+    run(prepared, tmp_path, resume=True, max_steps=per_epoch, save_every=per_epoch)
+    assert [r["step"] for r in rows(tmp_path) if r["valid_loss"]] == [str(per_epoch)]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from xinda.config import TrainConfig
+from xinda.train.curves import CsvLog
 from xinda.train.distributed import Ranks
 from xinda.train.loss import chunked_output_loss, label_smoothed_nll
 from xinda.train.signals import StopSignals
@@ -24,7 +25,8 @@ def test_log_rows_average_every_update_since_the_previous_row_across_epochs():
     t.cfg = types.SimpleNamespace(train=TrainConfig(log_every=4, progress=False))
     t.progress, t.ranks, t.signals, t.lr = Progress(), Ranks(), StopSignals(), 1.0
     t._clock, t._wall_base = 0.0, 0.0
-    t.csv = types.SimpleNamespace(write=lambda **r: rows.append(r))
+    t.csv = types.SimpleNamespace(write_window=lambda p, lr: CsvLog.write_window(
+        types.SimpleNamespace(write=lambda **r: rows.append(r)), p, lr))
 
     def update(group):
         t.progress.step += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from xinda.train.progress import Progress
 from xinda.utils import atomic_save
 
 FIELDS = ["step", "epoch", "lr", "train_loss", "train_nll", "tok_per_s", "elapsed_s",
@@ -18,21 +19,35 @@ class CsvLog:
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(FIELDS)
 
-    def truncate_after(self, step: int) -> None:
-        """Drop rows logged after ``step`` (they are replayed when training resumes there), and a
-        last row torn by a crash while it was appended (no final newline, or not all fields)."""
+    def truncate_after(self, step: int, train_at_step: bool = True,
+                       valid_at_step: bool = True) -> None:
+        """Drop rows logged after ``step`` (they are replayed when training resumes there), the
+        train or validation row at ``step`` when the checkpoint there holds it as not logged
+        (``train_at_step``/``valid_at_step`` False), and a last row torn by a crash while it was
+        appended (no final newline, or not all fields)."""
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
         if lines and not lines[-1].endswith("\n"):
             lines.pop()  # torn: the process died while writing it
-        rows = list(csv.reader(lines))
-        kept = [FIELDS, *(r for r in rows[1:] if len(r) == len(FIELDS) and r[0].isdigit()
-                          and int(r[0]) <= step)]
+
+        def keep(row: list[str]) -> bool:
+            if len(row) != len(FIELDS) or not row[0].isdigit() or int(row[0]) > step:
+                return False
+            validation = row[FIELDS.index("valid_loss")] != ""
+            return int(row[0]) < step or (valid_at_step if validation else train_at_step)
+
+        kept = [FIELDS, *filter(keep, list(csv.reader(lines))[1:])]
 
         def write(tmp: Path) -> None:
             with tmp.open("w", newline="") as f:
                 csv.writer(f).writerows(kept)
 
         atomic_save(self.path, write)
+
+    def write_window(self, p: Progress, lr: float) -> None:
+        """The train row of the updates in ``p.log_window``: per-token loss and NLL, tokens/s."""
+        loss, nll, ntok, seconds = p.log_window
+        self.write(step=p.step, epoch=p.epoch, lr=lr, train_loss=loss / ntok,
+                   train_nll=nll / ntok, tok_per_s=ntok / seconds, elapsed_s=p.train_seconds)
 
     def write(self, **row) -> None:
         with self.path.open("a", newline="") as f:
@@ -78,7 +93,5 @@ def plot_curves(log_path: Path, png_path: Path, title: str = "") -> None:
     if train or valid:
         ax.legend(loc="upper right")
     fig.tight_layout()
-    from xinda.utils import atomic_save
-
     atomic_save(png_path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)

@@ -28,6 +28,9 @@ from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, TrainConfig, load_config
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
+from xinda.train.curves import plot_curves
+from xinda.train.progress import Progress
+from xinda.utils import atomic_write_text
 
 log = logging.getLogger("xinda")
 
@@ -171,3 +174,14 @@ def warn_oversized(src, tgt, max_tokens: int) -> None:
         log.warning("%d training pairs are longer than train.max_tokens %d (up to %d tokens): "
                     "each is a batch of its own, above the budget", over, max_tokens,
                     int(size.max()))
+
+
+def write_stats(out: Path, p: Progress, **facts) -> None:
+    """train_stats.json (updates, epochs, target tokens, training time and tokens/s, and
+    ``facts``) and the run's final curves.png."""
+    stats = {"steps": p.step, "epochs_done": p.epoch - 1, "tgt_tokens": p.tgt_tokens,
+             "train_seconds": p.train_seconds,
+             "tgt_tok_per_s": p.tgt_tokens / max(p.train_seconds, 1e-9), **facts}
+    atomic_write_text(out / "train_stats.json", json.dumps(stats, indent=1))
+    if (out / "log.csv").exists():
+        plot_curves(out / "log.csv", out / "curves.png", str(out.name))

@@ -16,7 +16,6 @@ Data-parallel training on several processes or machines: ``xinda.train.distribut
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -49,10 +48,11 @@ from xinda.train.run_dir import (
     check_output_dir,
     retire_average,
     warn_oversized,
+    write_stats,
 )
 from xinda.train.schedule import learning_rate, make_optimizer, set_lr
 from xinda.train.signals import StopSignals
-from xinda.utils import atomic_path, atomic_write_text, os_errors_named
+from xinda.utils import atomic_path, os_errors_named
 
 log = logging.getLogger("xinda")
 
@@ -123,8 +123,9 @@ class Trainer:
                 with atomic_path(self.out / name) as tmp:
                     shutil.copyfile(self.data_dir / name, tmp)
         self.csv = CsvLog(self.out / "log.csv")
-        # rows after the checkpoint are logged again; a fresh run drops a failed run's rows
-        self.csv.truncate_after(self.saved_step or 0)
+        # rows after the checkpoint, or at it but unlogged in it, come again (fresh run: all)
+        p, step = self.progress, self.saved_step or 0
+        self.csv.truncate_after(step, not p.log_window[2], p.validated_step == step)
 
     def resume(self) -> None:
         """Continue from the newest checkpoint: rank 0 reads it and sends it to the others."""
@@ -214,6 +215,9 @@ class Trainer:
             stop = self.end_of_epoch() or stop
             self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
             stop = stop or self.ranks.any(self.limit_reached())[0]  # the validation's time
+        if self.ranks.is_main and p.log_window[2]:  # the updates since the last row (kept in
+            self.csv.write_window(p, learning_rate(  # the window: logged again after a resume)
+                tc, p.step, self.model_cfg.model_dim, p.lr_resets))
         if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
             if self.ranks.is_main:  # stopped inside an epoch
                 self.validate_and_keep_best()
@@ -221,7 +225,8 @@ class Trainer:
             self.save()
         self.save_unless_saved()
         if self.ranks.is_main:
-            self.write_stats()
+            write_stats(self.out, p, precision=self.precision, device=str(self.device),
+                        parameters=self.model.num_parameters())
         return p
 
     # ------------------------------------------------------------------ SIGINT and SIGTERM
@@ -260,10 +265,7 @@ class Trainer:
                             lr=f"{self.lr:.2e}", refresh=False)
             if p.step % tc.log_every == 0:
                 if self.ranks.is_main:
-                    self.csv.write(step=p.step, epoch=p.epoch, lr=self.lr,
-                                   train_loss=window[0] / window[2],
-                                   train_nll=window[1] / window[2],
-                                   tok_per_s=window[2] / window[3], elapsed_s=p.train_seconds)
+                    self.csv.write_window(p, self.lr)
                 window[:] = [0.0, 0.0, 0, 0.0]
             if tc.save_every and p.step % tc.save_every == 0:
                 self.save()
@@ -387,14 +389,3 @@ class Trainer:
             with torch.no_grad():  # (the scorer decodes in fp32)
                 scores["bleu"] = self.valid_bleu(self.model)
         return scores
-
-    def write_stats(self) -> None:
-        p = self.progress
-        stats = {"steps": p.step, "epochs_done": p.epoch - 1,
-                 "tgt_tokens": p.tgt_tokens, "train_seconds": p.train_seconds,
-                 "tgt_tok_per_s": p.tgt_tokens / max(p.train_seconds, 1e-9),
-                 "precision": self.precision, "device": str(self.device),
-                 "parameters": self.model.num_parameters()}
-        atomic_write_text(self.out / "train_stats.json", json.dumps(stats, indent=1))
-        if (self.out / "log.csv").exists():
-            plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
