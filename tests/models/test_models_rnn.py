@@ -245,19 +245,20 @@ def test_training_step_reaches_every_parameter(name, make_model, make_src, make_
         assert param.grad.abs().sum() > 0, pname
 
 
-def test_the_gnmt_presets_attention_queries_depend_on_the_source(make_model, make_src,
-                                                                  make_prev):
-    """Before: the preset's bottom decoder layer started from zeros without the previous
-    context, so its states (the attention queries) were the same for any source (found by
-    review)."""
-    model = make_model(ALL["gnmt"]).eval()
+@pytest.mark.parametrize("feeding", [False, True])
+def test_gnmt_queries_see_the_source_only_with_input_feeding(make_model, make_src, make_prev,
+                                                             feeding):
+    """The preset is the paper's: the bottom decoder layer (the attention queries) reads the
+    target prefix alone, started from zeros. With input_feeding (TensorFlow NMT's GNMT cell)
+    the previous context joins its input, so its states depend on the source."""
+    model = make_model({**ALL["gnmt"], "input_feeding": feeding}).eval()
     prev = make_prev(1, 3)
     bottoms = []
     for seed in (1, 2):
         enc = model.encode(make_src([4], seed=seed))
         _, _, state = step_by_step(model, prev, enc)
         bottoms.append(state["hidden"][0][0])  # the bottom layer's h after 3 steps
-    assert not torch.allclose(*bottoms)
+    assert torch.allclose(*bottoms) != feeding
 
 
 # --- initialisation and embeddings ----------------------------------------------------------

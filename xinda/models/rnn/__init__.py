@@ -40,13 +40,13 @@ register_preset("rnn-luong-local-p", "Luong et al. 2015: 2+2 LSTM x 256, local-p
                 window_d=10, input_feeding=True, decoder_init="final", dropout=0.2)
 # GNMT (Wu et al. 2016): deep LSTM encoder with a bidirectional bottom layer, residual
 # connections from layer 3, a decoder whose bottom layer's output queries additive attention
-# for all layers above (paper: 8+8 layers of 1024 units); the previous context joins the
-# bottom layer's input (input feeding, as TensorFlow NMT's GNMT cell): without it the bottom
-# layer, started from zeros, never sees the source and every query ignores it.
+# for all layers above (paper: 8+8 layers of 1024 units). As in the paper, the context does
+# not join the bottom layer's input; TensorFlow NMT's GNMT cell feeds the previous one there
+# (input_feeding: true), which scored 5.4 BLEU less at equal updates here (docs/benchmarks.md).
 register_preset("gnmt", "GNMT (Wu et al. 2016): 4+4 LSTM x 256, bidirectional bottom, "
                 "residual from layer 3", arch="rnn", cell="lstm", embed_dim=256,
                 hidden_dim=256, encoder_layers=4, decoder_layers=4, bidirectional=True,
                 bidirectional_bottom_only=True, residual_from=3, attention="concat",
-                attention_style="gnmt", input_feeding=True, decoder_init="zeros", dropout=0.2)
+                attention_style="gnmt", decoder_init="zeros", dropout=0.2)
 
 __all__ = ["RNNConfig", "RNNEncoderOut", "RNNModel"]
