@@ -23,7 +23,7 @@ the tables to WORKDIR/ablation.md. Runs whose result.json exists are skipped, so
 benchmark resumes where it stopped (delete a run's folder to redo it).
 
 Not a test. It takes about pairs x systems x seeds x (budget + ~1-2 min of decoding) plus ~1 min
-of data preparation per pair: with the defaults 2 x 4 x 3 x ~7 min, i.e. roughly 3 hours on a
+of data preparation per pair: with the defaults 2 x 5 x 3 x ~7 min, i.e. roughly 3.5 hours on a
 2-core CPU. Needs ../shared/data (a pair whose corpus folder is absent is skipped with a message).
 """
 

@@ -8,7 +8,7 @@ too small for the load.
 Each run starts its own ``xinda serve`` on a free 127.0.0.1 port, waits for /health, then
 ``--clients`` concurrent clients (asyncio + httpx, one kept-alive connection each) loop for
 ``--warmup`` + ``--seconds`` seconds: pick 1-5 random source lines, POST /v1/translate, record
-latency and status. Only requests started and finished inside the measured window count.
+latency and status. Requests that end inside the measured window count, whenever they started.
 Reports requests/s, sentences/s, p50/p95/p99 latency of the 200s, errors by status, the
 server's RSS (VmRSS) at the start and end of the window and the mean batch size (/metrics).
 Runs: batching on and off (``--repeats`` interleaved pairs, medians), then batching on with
