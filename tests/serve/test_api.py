@@ -212,6 +212,7 @@ BAD_FIELDS = [
     ({"text": "one", "constraints": {"prefix": ["1", "2"]}}, "constraints.prefix"),
     ({"text": "one", "constraints": {"prefix": []}}, "constraints.prefix"),  # before: ignored
     ({"text": "one", "constraints": {"ban": ["five hundred"]}}, "five hundred"),
+    ({"text": "one", "constraints": {"ban": ["</s>"]}}, "control token"),  # before: no output
     ({"text": "one", "beems": 2}, "beems"),
     ({"text": "one", "temperature": 0.5}, "sampling"),
     ({"text": "one", "sampling": True, "n_best": 2}, "n_best"),  # before: silently one output
