@@ -73,6 +73,10 @@ class DataConfig(Strict):
     lowercase: bool = False
     pretok_src: Pretok = "none"  # pre-tokenisation before sentencepiece
     pretok_tgt: Pretok = "none"
+    # the language of Moses's rules (non-breaking prefixes such as "Mr.", apostrophes) for
+    # pretok moses, when a side's file suffix is not its language code (.doc, .sum): e.g. en
+    moses_lang_src: str | None = Field(None, min_length=1)  # default: src_lang
+    moses_lang_tgt: str | None = Field(None, min_length=1)  # default: tgt_lang
     subword: Literal["bpe", "unigram"] = "bpe"  # sentencepiece model type
     vocab_size: int = Field(8000, ge=16)  # per model (joint: one model for both sides)
     joint_vocab: bool = True  # one shared sentencepiece model (enables tied embeddings)

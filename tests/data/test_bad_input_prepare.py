@@ -395,3 +395,26 @@ def test_a_rerun_removes_the_files_the_new_dataset_does_not_have(tmp_path):
     assert {"spm.src.model", "spm.tgt.model", "notes.md"} <= left
     with pytest.raises(XindaError, match="no split 'x'"):
         load_split(tmp_path / "bin", "x")
+
+
+def test_moses_rules_come_from_a_language_not_a_file_suffix(tmp_path):
+    """Before: files named .doc/.sum gave Moses the "language" sum, without English rules:
+    "O'Neil's" became "O ' Neil ' s", silently. Now a warning names the setting,
+    and data.moses_lang_tgt gives the language."""
+    (tmp_path / "c").mkdir()
+    write(tmp_path / "c" / "train.doc", lines(300))
+    write(tmp_path / "c" / "train.sum", [f"Mr. O'Neil's {x}" for x in lines(300, 1)])
+    base = {"train": str(tmp_path / "c" / "train"), "src_lang": "doc", "tgt_lang": "sum",
+            "pretok_tgt": "moses", "vocab_size": 60}
+    logged: list[str] = []
+    prepare(config(tmp_path, **base), log=logged.append)
+    assert [x for x in logged if "Moses" in x] == [
+        ("warning: data.tgt_lang 'sum' is not a language Moses has rules for (apostrophes, "
+         "abbreviations): \"O'Neil's\" becomes \"O ' Neil ' s\"; set data.moses_lang_tgt, "
+         "e.g. en")]
+    logged.clear()
+    manifest = prepare(config(tmp_path, **base, moses_lang_tgt="en"), log=logged.append)
+    assert not [x for x in logged if "Moses" in x]
+    tgt = load_vocabularies(tmp_path / "bin").tgt_text
+    assert manifest["text"]["tgt"]["lang"] == "en"
+    assert tgt.preprocess("Mr. O'Neil's car") == "Mr. O 'Neil 's car"

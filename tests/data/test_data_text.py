@@ -33,6 +33,7 @@ from xinda.data.text import SPACE_MARK, TextPipeline
         ("fr", "Il a dit « oui » et s’en alla."),  # French spaces its guillemets
         # before: "R & D and / or Q & A at info @ acme.com, 1 / 2"
         ("en", "R&D and/or Q&A at info@acme.com, 1/2 off."),
+        ("en", "A count of 50,000/L costs $1,000/month."),  # before: "50, 000/L", "$1, 000/month"
     ],
 )
 def test_moses_round_trip(lang, line):

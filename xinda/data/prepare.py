@@ -69,7 +69,7 @@ from xinda.data.stream import (
     corpus_files,
     read_parallel,
 )
-from xinda.data.text import TextPipeline
+from xinda.data.text import TextPipeline, moses_has_rules
 from xinda.data.train_stream import (
     binarise_train,
     encode_lines,
@@ -189,11 +189,20 @@ def build_spm(cfg: DataConfig, out_dir: Path, train_text: Pair,
 # ---------------------------------------------------------------- prepare
 
 
-def _pipelines(cfg: DataConfig) -> dict[str, TextPipeline]:
-    return {
-        "src": TextPipeline(cfg.normalize, cfg.lowercase, cfg.pretok_src, cfg.src_lang),
-        "tgt": TextPipeline(cfg.normalize, cfg.lowercase, cfg.pretok_tgt, cfg.tgt_lang),
-    }
+def _pipelines(cfg: DataConfig, log: Callable[[str], None]) -> dict[str, TextPipeline]:
+    """Each side's text pipeline; a warning when Moses has no rules for its language."""
+    pipes = {}
+    for side, pretok, suffix, moses_lang in (
+            ("src", cfg.pretok_src, cfg.src_lang, cfg.moses_lang_src),
+            ("tgt", cfg.pretok_tgt, cfg.tgt_lang, cfg.moses_lang_tgt)):
+        lang = moses_lang or suffix
+        if pretok == "moses" and not moses_has_rules(lang):
+            setting = f"data.moses_lang_{side}" if moses_lang else f"data.{side}_lang"
+            log(f"warning: {setting} {lang!r} is not a language Moses has rules for "
+                f"(apostrophes, abbreviations): \"O'Neil's\" becomes \"O ' Neil ' s\"; set "
+                f"data.moses_lang_{side}, e.g. en")
+        pipes[side] = TextPipeline(cfg.normalize, cfg.lowercase, pretok, lang)
+    return pipes
 
 
 def _check_vocab_sizes(cfg: DataConfig, spm_files: dict[str, str], vocabs: dict[str, Vocab],
@@ -330,7 +339,7 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
     for split in list(prefixes)[1:]:  # valid and test sets: small, read whole
         raw[split], cleaned[split] = clean_control(
             read_parallel(prefixes[split], cfg.src_lang, cfg.tgt_lang))
-    out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg)
+    out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg, log)
     # out_dir keeps its dataset until the new one is whole; a full disk names it
     with _staging_dir(out_dir) as stage, os_errors_named(out_dir):
         manifest = _build(cfg, pipes, raw, cleaned, stage, log, spm_model)

@@ -43,13 +43,22 @@ _MOSES_KEEP_CLITICS = r"(?<![\w'])[^\W\d_]+'(?:s|t|d|m|ll|re|ve)\b"
 # The typographic apostrophe and single quotes, which no sacremoses rule knows, stay on the
 # letters they touch ("geht’s", "l’homme", "hab’", "‘Hello’" would come back as "geht ’ s"...).
 _MOSES_KEEP_CURLY = r"[‘’][^\W\d_]+(?:’[^\W\d_]*)*|[^\W\d_]+(?:’[^\W\d_]*)+"
-# "R&D", "and/or", "info@acme.com", "1/2" stay whole (they would come back as "R & D"...).
-_MOSES_KEEP_IN_WORD = r"\w+(?:[&/@]\w+)+"
+# "R&D", "and/or", "info@acme.com", "1/2", "50,000/L" stay whole (they would come back as
+# "R & D"..., and "50, 000/L": a match starting after the comma would split it off).
+_MOSES_KEEP_IN_WORD = r"(?:\d+(?:[.,]\d+)+|\w+)(?:[&/@]\w+)+"
 _MOSES_APOSTROPHE_LANGS = ("en", "fr", "it")
 # Quotation marks the detokeniser does not pair, given to it as ones it pairs (by parity) and
 # put back after: "”" as '"' (with "„", "“", '"': “yes”, „ja“, ”ja”) and, but in French,
 # which spaces them, "«" "»" as "`" («oui», »ja«).
 _MOSES_STAND_INS = {"”": '"', "«": "`", "»": "`"}
+
+
+@cache
+def moses_has_rules(lang: str) -> bool:
+    """Does sacremoses have Moses's per-language rules (non-breaking prefixes) for ``lang``?"""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return lang in NonbreakingPrefixes().available_langs.values()
 
 
 @cache
