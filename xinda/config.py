@@ -85,6 +85,9 @@ class DataConfig(Strict):
     max_len: int = Field(250, ge=1)  # drop training pairs with more subword tokens on a side
     long_pairs: Literal["drop", "truncate"] = "drop"  # or cut a side over max_len to max_len
     max_len_ratio: float = Field(3.0, gt=1)  # drop pairs whose length ratio exceeds this
+    # ... when their longer side has more pieces than this: a short pair's ratio is noise
+    # (走着瞧 | Wait and see: 1 and 4 pieces)
+    ratio_min_len: int = Field(5, ge=0)
     dedup: bool = True  # drop exact duplicate training pairs
     # sentence pairs sampled (seeded by seed) for sentencepiece training; all when fewer
     spm_sample: int = Field(1_000_000, ge=1)

@@ -276,3 +276,22 @@ def test_sentencepiece_learns_the_characters_of_lines_over_4192_bytes(tmp_path):
     sp = spm.SentencePieceProcessor(model_proto=train_spm(lines, config(tmp_path, vocab_size=60)))
     assert sp.unk_id() not in sp.encode(long[:40])
     assert sp.decode(sp.encode(long)) == long
+
+
+def test_the_length_ratio_spares_short_pairs():
+    """Before: 走着瞧 | Wait and see. (1 and 4 pieces) was dropped by a ratio of 3, and so were
+    2.6 % of correct en->zh Tatoeba pairs. A pair whose longer side has more than
+    data.ratio_min_len pieces is still held to the ratio."""
+    from xinda.config import DataConfig
+    from xinda.data.arrays import TokenArrays
+    from xinda.data.filtering import filter_train
+
+    lengths = [(1, 4), (1, 5), (1, 6), (2, 6), (2, 7), (5, 1), (6, 1)]
+    src = TokenArrays.from_sequences([[5] * a for a, _ in lengths])
+    tgt = TokenArrays.from_sequences([[5] * b for _, b in lengths])
+    raw = ([str(i) for i in range(7)], [str(i) for i in range(7)])
+    keep, report = filter_train(raw, src, tgt, DataConfig(max_len_ratio=3.0))
+    assert keep.tolist() == [True, True, False, True, False, True, False]
+    assert report["dropped"]["length_ratio"] == 3
+    keep, _ = filter_train(raw, src, tgt, DataConfig(max_len_ratio=3.0, ratio_min_len=0))
+    assert keep.tolist() == [False, False, False, True, False, False, False]

@@ -2,7 +2,8 @@
 
 A pair is dropped, and counted under the first check it fails, for: a control character on
 either side, an empty side, a side longer than ``data.max_len`` pieces, a length ratio over
-``data.max_len_ratio``, or (``data.dedup``) being an exact repeat of an earlier kept pair.
+``data.max_len_ratio`` (for pairs whose longer side has more than ``data.ratio_min_len``
+pieces), or (``data.dedup``) being an exact repeat of an earlier kept pair.
 
 Deduplication is exact over the whole corpus, chunk after chunk, with bounded memory per pair:
 it keeps a set of 16-byte BLAKE2b digests of the raw pairs, not the text. That set is the one
@@ -54,8 +55,9 @@ def filter_chunk(keys: Sequence[bytes] | None, src: TokenArrays, tgt: TokenArray
     empty = ~control & ((ls == 0) | (lt == 0))
     too_long = ~control & ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
     ok = ~control & ~empty & ~too_long
-    ratio = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
-    bad_ratio = ok & (ratio > cfg.max_len_ratio)
+    longer = np.maximum(ls, lt)
+    ratio = longer / np.maximum(np.minimum(ls, lt), 1)
+    bad_ratio = ok & (ratio > cfg.max_len_ratio) & (longer > cfg.ratio_min_len)
     keep = ok & ~bad_ratio
     duplicate = np.zeros_like(keep)
     if cfg.dedup:
@@ -101,5 +103,5 @@ def check_not_all_filtered(prefix: str, report: dict) -> None:
     if report["kept"] == 0:
         raise XindaError(
             f"{prefix}: all {report['read']} training pairs were removed by filtering "
-            f"({dropped_counts(report)}; see data.max_len, data.max_len_ratio)"
+            f"({dropped_counts(report)}; see data.max_len, data.max_len_ratio, data.ratio_min_len)"
         )
