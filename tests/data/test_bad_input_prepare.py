@@ -217,8 +217,9 @@ def test_valid_and_test_lines_are_cleaned_not_dropped(tmp_path):
     assert manifest["splits"]["valid"]["pairs"] == 4  # every line kept
     assert manifest["splits"]["valid"]["control_chars_cleaned"] == 3
     assert manifest["splits"]["test1"]["control_chars_cleaned"] == 1
-    assert "valid: 4 pairs (not filtered; 3 lines with control characters cleaned)" in logged
-    assert "test1: 1 pairs (not filtered; 1 lines with control characters cleaned)" in logged
+    said = "\n".join(logged)  # (each line may go on with its <unk> count)
+    assert "valid: 4 pairs (not filtered; 3 lines with control characters cleaned" in said
+    assert "test1: 1 pairs (not filtered; 1 lines with control characters cleaned" in said
     out = Path(cfg.out_dir)
     assert (out / "valid.src.txt").read_text(encoding="utf-8") == "the cat\nplain line\n \na\tb\n"
     assert (out / "valid.tgt.txt").read_text(encoding="utf-8") == "der hund\nok \nleer\nc d\n"
@@ -418,3 +419,16 @@ def test_moses_rules_come_from_a_language_not_a_file_suffix(tmp_path):
     tgt = load_vocabularies(tmp_path / "bin").tgt_text
     assert manifest["text"]["tgt"]["lang"] == "en"
     assert tgt.preprocess("Mr. O'Neil's car") == "Mr. O 'Neil 's car"
+
+
+def test_unknown_characters_of_valid_and_test_sets_are_counted(tmp_path):
+    """Before: nothing said that valid/test text held characters the vocabulary lacks."""
+    train = corpus(tmp_path, "train", lines(300), lines(300, 1))
+    valid = corpus(tmp_path, "valid", ["the cat", "the dog"], ["the ☃ cat", "the dog"])
+    test = corpus(tmp_path, "test", ["the cat ☃☃"], ["the cat"])
+    logged: list[str] = []
+    manifest = prepare(config(tmp_path, train=train, valid=valid, test={"test": test},
+                              vocab_size=60), log=logged.append)
+    assert manifest["splits"]["valid"]["unk"] == {"src": 0, "tgt": 1}
+    assert manifest["splits"]["test"]["unk"]["src"] >= 1
+    assert "valid: 2 pairs (not filtered; <unk> pieces: 0 source, 1 target)" in logged

@@ -134,7 +134,7 @@ def test_control_characters_dropped_and_cleaned(xinda, tmp_path):
     proc = xinda("prepare", write_config(tmp_path, train=train, valid=valid, vocab_size=40))
     assert "train: read 40 pairs, kept 38;" in proc.stdout
     assert "control characters 2" in proc.stdout
-    assert "valid: 2 pairs (not filtered; 1 lines with control characters cleaned)" in proc.stdout
+    assert "valid: 2 pairs (not filtered; 1 lines with control characters cleaned" in proc.stdout
     assert (tmp_path / "data-bin" / "valid.src.txt").read_text(encoding="utf-8") == "a b\nc\n"
 
 

@@ -230,7 +230,11 @@ def _binarise_eval_split(split: str, raw: Pair, pipes: dict[str, TextPipeline],
         atomic_write_text(out_dir / f"{split}.{side}.txt", "".join(f"{x}\n" for x in lines))
     src.save(out_dir, f"{split}.src")
     tgt.save(out_dir, f"{split}.tgt")
-    stats = {"pairs": len(src), "src_tokens": int(src.ids.size), "tgt_tokens": int(tgt.ids.size)}
+    stats = {"pairs": len(src), "src_tokens": int(src.ids.size), "tgt_tokens": int(tgt.ids.size),
+             # pieces of characters the vocabulary lacks (not in the training text, or left out
+             # by data.character_coverage): the model can neither read nor write them
+             "unk": {side: int((arrays.ids == vocabs[side].unk).sum())
+                     for side, arrays in zip(SIDES, (src, tgt))}}
     if truncated:
         stats["truncated"] = truncated
     return stats
@@ -310,8 +314,11 @@ def _build(cfg: DataConfig, pipes: dict[str, TextPipeline], raw: dict[str, Pair]
     for split, pair in raw.items():
         splits[split] = _binarise_eval_split(split, pair, pipes, vocabs, cfg, stage)
         splits[split]["control_chars_cleaned"] = cleaned[split]
+        unk = splits[split]["unk"]
         note = (f"; {cleaned[split]} lines with control characters cleaned"
-                if cleaned[split] else "") + truncated_note(splits[split].get("truncated"))
+                if cleaned[split] else "") + truncated_note(splits[split].get("truncated")) + (
+            f"; <unk> pieces: {unk['src']} source, {unk['tgt']} target" if any(unk.values())
+            else "")
         log(f"{split}: {splits[split]['pairs']} pairs (not filtered{note})")
     manifest = {
         "format_version": FORMAT_VERSION,
