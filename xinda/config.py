@@ -147,7 +147,7 @@ class TrainConfig(Strict):
     run_validation: bool = True  # validation loss (and BLEU) at each epoch end
     valid_bleu: bool = True
     valid_beam: int = Field(1, ge=1, le=MAX_ROWS)  # validation BLEU's beam (1: greedy)
-    patience: int = Field(0, ge=0)  # early stopping: epochs without improvement; 0 = off
+    patience: int = Field(0, ge=0)  # early stopping: epochs not better (BLEU tie: by loss); 0=off
     log_every: int = Field(50, ge=1)  # updates between CSV log rows
     progress: bool = True  # tqdm progress bar
     # torchrun (xinda.train.distributed): seconds a rank waits for the others at a collective,

@@ -81,6 +81,19 @@ def test_a_limit_s_validation_inside_an_epoch_does_not_move_early_stopping(
     assert parts.best == -1.0  # best.safetensors: the best weights validated, update 3's
 
 
+def test_a_bleu_tie_at_a_lower_loss_is_an_improvement(prepared, tmp_path, per_epoch,
+                                                     monkeypatch):
+    """Before: BLEU 0.0 in every early epoch never beat the first 0.0, so patience 1 stopped
+    after epoch 2 while the loss still fell, and best.safetensors kept epoch 1's weights."""
+    def validate(trainer) -> dict:
+        loss = 5.0 - trainer.progress.step / per_epoch
+        return {"loss": loss, "nll": loss, "bleu": 0.0}
+    monkeypatch.setattr(Trainer, "validate", validate)
+    progress = run(prepared, tmp_path, patience=1, max_epochs=3)
+    assert progress.step == 3 * per_epoch and progress.bad_epochs == 0
+    assert (progress.best, progress.best_loss) == (0.0, 2.0)
+
+
 def test_training_time_counts_each_epoch_s_checkpoint(prepared, tmp_path, monkeypatch):
     """Before: train_seconds (and so tokens/s) left out the checkpoint at each epoch's end,
     which train.max_seconds counted (found by review)."""

@@ -21,11 +21,13 @@ class Progress:
     train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall clock of the training loops, validation included
     best: float = -math.inf  # best validation score (BLEU, or -loss): best.safetensors'
+    best_loss: float = math.inf  # its validation loss, which breaks BLEU ties (see ``beats``)
     best_metric: str = ""  # what ``best`` measures: "bleu" or "loss"
     # the best score of an epoch's end, which early stopping compares with (the validation
     # of a run that a limit stopped inside an epoch may set ``best``, not this: a resumed run
     # stops where an uninterrupted one would); None in checkpoints from before it: ``best``
     epoch_best: float | None = None
+    epoch_best_loss: float = math.inf
     bad_epochs: int = 0  # epochs since the best one
     # the update after which the run last reached a validation (an epoch end, or the end of a
     # run stopped inside an epoch); None in checkpoints from before it: ``step``
@@ -39,7 +41,7 @@ class Progress:
         if not self.best_metric and math.isfinite(self.best):  # saved before it was recorded
             self.best_metric = "bleu" if self.best >= 0 else "loss"
         if self.epoch_best is None:
-            self.epoch_best = self.best
+            self.epoch_best, self.epoch_best_loss = self.best, self.best_loss
         if self.validated_step is None:
             self.validated_step = self.step
 
@@ -55,4 +57,12 @@ class Progress:
     def reset_best(self) -> None:
         """Forget the best scores and early stopping's count (the scores change meaning)."""
         self.best = self.epoch_best = -math.inf
+        self.best_loss = self.epoch_best_loss = math.inf
         self.bad_epochs = 0
+
+
+def beats(score: float, loss: float, best: float, best_loss: float) -> bool:
+    """Whether a validation (score, loss) beats the best one: a higher score, or the same
+    score at a lower loss (BLEU ties, such as 0.0 in early epochs, would stop a run whose
+    loss still falls; with the loss as the score, a tie is a tie)."""
+    return (score, -loss) > (best, -best_loss)

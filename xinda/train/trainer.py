@@ -40,7 +40,7 @@ from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
-from xinda.train.progress import Progress
+from xinda.train.progress import Progress, beats
 from xinda.train.run_dir import (
     apply_hyperparameters,
     check_batches_per_update,
@@ -237,9 +237,10 @@ class Trainer:
             return
         self.save_unless_saved()
         if self.ranks.is_main:
+            name = signal.Signals(self.signals.received or signal.SIGTERM).name
             log.warning("stopped by %s after update %d: checkpoint step_%07d saved in %s; continue "
-                        "with --resume", signal.Signals(self.signals.received or signal.SIGTERM).name,
-                        self.progress.step, self.progress.step, ckpt.checkpoint_dir(self.out))
+                        "with --resume", name, self.progress.step, self.progress.step,
+                        ckpt.checkpoint_dir(self.out))
         raise KeyboardInterrupt
 
     def train_epoch(self, batches: list) -> bool:
@@ -343,8 +344,10 @@ class Trainer:
         stopping triggers."""
         p, stop = self.progress, False
         if self.cfg.train.run_validation and self.has_valid and self.ranks.is_main:
-            score = self.validate_and_keep_best()
-            improved, p.epoch_best = score > p.epoch_best, max(score, p.epoch_best)
+            score, loss = self.validate_and_keep_best()
+            improved = beats(score, loss, p.epoch_best, p.epoch_best_loss)
+            if improved:
+                p.epoch_best, p.epoch_best_loss = score, loss
             p.bad_epochs = 0 if improved else p.bad_epochs + 1
             patience = self.cfg.train.patience
             if self.stopped_early():
@@ -356,8 +359,8 @@ class Trainer:
             self.save()
         return stop
 
-    def validate_and_keep_best(self) -> float:
-        """Validate, log, keep best.safetensors; the score (BLEU, or -loss)."""
+    def validate_and_keep_best(self) -> tuple[float, float]:
+        """Validate, log, keep best.safetensors; the score (BLEU, or -loss) and the loss."""
         scores = self.validate()
         p = self.progress
         self.csv.write(step=p.step, epoch=p.epoch, elapsed_s=p.train_seconds,
@@ -374,10 +377,10 @@ class Trainer:
         log.info("valid after update %d: loss %.3f ppl %.2f%s", p.step, scores["loss"],
                  math.exp(min(scores["nll"], 50)),
                  f" BLEU {scores['bleu']:.2f}" if "bleu" in scores else "")
-        if score > p.best:
+        if beats(score, scores["loss"], p.best, p.best_loss):
             ckpt.save_weights(self.model, self.out / "best.safetensors")
-            p.best = score
-        return score
+            p.best, p.best_loss = score, scores["loss"]
+        return score, scores["loss"]
 
     def validate(self) -> dict[str, float]:
         """Per-token validation loss/NLL and, with a ``valid_bleu`` scorer, BLEU."""
