@@ -1,5 +1,8 @@
 """The couplet corpus writer on a tiny fake shared folder, and its command line."""
 
+import subprocess
+import sys
+
 import pytest
 
 from xinda.apps.__main__ import main
@@ -15,7 +18,7 @@ def test_writes_simplified_lines_without_spaces(couplet_shared, tmp_path):
     out = tmp_path / "raw"
     prefixes = write_couplet_corpus(couplet_shared, out)
     assert prefixes == {split: str(out / split) for split in ("train", "valid", "test", "wb14123")}
-    assert read(out / "train.up") == ["宏规则天地", "干坤资化育"]  # 乾 -> 干 one by one
+    assert read(out / "train.up") == ["宏规则天地", "乾坤资化育"]  # OpenCC's phrase: not 干坤
     assert read(out / "train.down") == ["书引藤为架", "风雨见经纶"]  # read from .gz
     assert read(out / "valid.up") == ["两岸猿声啼"] and read(out / "test.down") == ["处处闻啼鸟"]
     assert read(out / "wb14123.up") == ["腾飞上铁，锐意"]
@@ -62,6 +65,8 @@ def test_a_line_held_out_after_simplification_leaves_training(couplet_shared, tm
         write(couplet_shared / "poetry-couplets" / f"train.{side}.gz",
               [pair[index] for pair in train])
     out = tmp_path / "raw"
-    write_couplet_corpus(couplet_shared, out)
-    assert read(out / "train.up") == ["宏规则天地", "干坤资化育"]
+    proc = subprocess.run([sys.executable, "-m", "xinda.apps", "couplet", str(couplet_shared),
+                           str(out)], capture_output=True, text=True, check=True)
+    assert read(out / "train.up") == ["宏规则天地", "乾坤资化育"]
     assert not set(read(out / "train.up")) & set(read(out / "wb14123.up"))
+    assert "train: 1 dropped, shared with valid/test/wb14123" in proc.stderr  # (was silent)

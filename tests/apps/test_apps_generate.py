@@ -161,6 +161,11 @@ def test_invisible_characters_take_no_position_in_a_couplet(translator, up):
         assert out.error is None and len(out.text) == 2, out
 
 
+def test_no_prompts_give_no_outputs(translator):
+    """Before: ValueError (max() of an empty sequence), where Translator.translate gives []."""
+    assert write_couplets(translator, []) == [] and write_poems(translator, []) == []
+
+
 @pytest.mark.parametrize("empty", ["  ", "\x00\x01", " \x1b\t", "\u200b\ufeff", "，。"])
 def test_an_empty_first_line_is_an_error(translator, empty):
     """Before: control characters only gave ("", 0.0), a score no real output beats."""

@@ -55,6 +55,8 @@ def test_finals_and_rhyme_groups():
     assert {rhyme_group(ch) for ch in "人春云"} == {"文"}  # en, uen, ün
     assert rhyme_group("知") == "支" and rhyme_group("衣") == "齐"  # apical i kept apart
     assert rhyme_group("，") is None
+    # Han characters pypinyin cannot read: no reading (before: "𫈟5", tone 5, a group of its own)
+    assert is_han("𫈟") and [tone("𫈟"), final("𫈟"), rhyme_group("䍧")] == [None] * 3
 
 
 @pytest.mark.parametrize(("a", "b", "expected"), [

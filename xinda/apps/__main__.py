@@ -6,6 +6,7 @@ runs/apps/poetry/raw). Errors are one line and exit code 1, as in the ``xinda`` 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from xinda.apps.couplet import write_couplet_corpus
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("shared", help="the shared data folder, e.g. ../shared/data")
     parser.add_argument("out_dir", help="where the split files go, e.g. runs/apps/couplet/raw")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         prefixes = WRITERS[args.task](args.shared, args.out_dir)
     except XindaError as err:

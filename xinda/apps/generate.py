@@ -109,7 +109,7 @@ def _room_for(rules, n: int, options: dict) -> None:
     """Decode settings whose length limit leaves room for two tokens per character (the
     rules end each output at its length in characters)."""
     options.setdefault("max_len_a", 0.0)
-    options.setdefault("max_len_b", max(rules.max_length(s) for s in range(n)) + 1)
+    options.setdefault("max_len_b", max((rules.max_length(s) for s in range(n)), default=0) + 1)
 
 
 def _restore_punctuation(text: str, up: str) -> str:

@@ -83,16 +83,19 @@ def is_punctuation(ch: str) -> bool:
     return unicodedata.category(ch).startswith("P")
 
 
+_PINYIN = re.compile("[a-z]+[1-5]")  # a TONE3 reading ("v" for ü)
+
+
 @cache
 def _reading(ch: str) -> str | None:
     """pypinyin's default reading of ``ch`` alone with a tone number 1-5 (5 = neutral), e.g.
     "jiang1", or its first toned reading when the default is neutral (子 zi5 -> zi3, 裳 shang5
     -> chang2): a character standing alone in verse is not in a neutral tone. None for a
-    non-Han character."""
+    non-Han character or one pypinyin has no reading for (𫈟)."""
     if len(ch) != 1 or not is_han(ch):
         return None
     readings = pinyin(ch, style=Style.TONE3, neutral_tone_with_five=True, heteronym=True)[0]
-    readings = [r for r in readings if r[-1:].isdigit()]
+    readings = [r for r in readings if _PINYIN.fullmatch(r)]  # not 𫈟5: pypinyin knows no reading
     toned = [r for r in readings if not r.endswith("5")]
     return (toned or readings or [None])[0]
 
