@@ -131,11 +131,21 @@ def test_refusals(grown, xinda, one_line_error, tmp_path):
     with pytest.raises(XindaError, match=r"holds trained weights \(best.safetensors\)"):
         grow_model_dir(shallow, 2, served)
     assert (served / "config.yaml").read_text() == "kept"
+    mine = tmp_path / "mine"  # before: grow replaced the folder's config.yaml
+    mine.mkdir()
+    (mine / "config.yaml").write_text("kept")
+    with pytest.raises(XindaError, match=r"mine: not empty \(config.yaml\)"):
+        grow_model_dir(shallow, 2, mine)
+    assert (mine / "config.yaml").read_text() == "kept"
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.yaml").write_text((shallow / "config.yaml").read_text())
     with pytest.raises(XindaError, match="no step checkpoint"):
         grow_model_dir(empty, 2)
+    (empty / "checkpoints").symlink_to(shallow / "checkpoints")  # no manifest.json
+    with pytest.raises(XindaError, match="manifest"):
+        grow_model_dir(empty, 2, tmp_path / "grown")
+    assert not (tmp_path / "grown").exists()  # before: an empty folder was left
     rnn = tmp_path / "rnn"
     rnn.mkdir()
     (rnn / "config.yaml").write_text(yaml.safe_dump({"model": {"preset": "rnn-bahdanau"}}))
@@ -175,3 +185,17 @@ def test_average_never_writes_into_the_checkpoints(grown, xinda, one_line_error)
     one_line_error(xinda("average", shallow, "--last", "2", "-o", step, ok=False),
                    "inside", "checkpoints")
     assert step.read_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["best.safetensors", "config.yaml"])
+def test_average_never_replaces_the_model_s_own_files(grown, xinda, one_line_error, name):
+    """Before: -o MODEL_DIR/config.yaml wrote weights over the config (the model no longer
+    loaded) and -o MODEL_DIR/best.safetensors replaced the best weights."""
+    shallow, _, _ = grown
+    path = shallow / name
+    if not path.exists():
+        path.write_bytes(b"kept")
+    before = path.read_bytes()
+    proc = xinda("average", shallow, "--last", "2", "-o", path, ok=False)
+    one_line_error(proc, f"-o {path}: ", "safetensors")
+    assert path.read_bytes() == before

@@ -158,6 +158,11 @@ def average(model_dir: Path,
     if checkpoint_dir(model_dir).resolve() in out.resolve().parents:
         raise XindaError(f"{out}: inside {checkpoint_dir(model_dir)}, the training's own "
                          "checkpoints (averaging writes elsewhere)")
+    if out.suffix != ".safetensors":
+        raise XindaError(f"-o {out}: averaged weights are written as a .safetensors file")
+    if out.exists() and not out.name.startswith("averaged"):  # best.safetensors, a user's file
+        raise XindaError(f"-o {out}: exists; averaging replaces only an earlier average "
+                         "(averaged*.safetensors): choose another -o")
     average_checkpoints(paths, out)
     say(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")
 

@@ -73,10 +73,13 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
     if weights := trained_weights(out):  # a model kept without its checkpoints
         raise XindaError(f"{out}: holds trained weights ({', '.join(weights)}); choose "
                          "another --out")
+    if out.is_dir() and (kept := sorted(p.name for p in out.iterdir())):
+        raise XindaError(f"{out}: not empty ({', '.join(kept[:3])}{', ...' * (len(kept) > 3)})"
+                         "; grow writes a new model directory: choose another --out")
+    manifest = load_manifest(model_dir)  # (read before the output folder is made)
+    vocab = load_vocabularies(model_dir, manifest).info
     check_writable(out, folder=True)
 
-    manifest = load_manifest(model_dir)
-    vocab = load_vocabularies(model_dir, manifest).info
     old = build_model(old_cfg, vocab)
     ckpt.load_weights(old, found[-1])
     new = grow_encoder(old, build_model(new_cfg, vocab))
