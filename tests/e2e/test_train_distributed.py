@@ -246,3 +246,18 @@ def test_a_refusal_by_rank_0_is_every_ranks_error(uninterrupted):
     refusal = f"xinda: error: {root / 'A'}: already holds checkpoints; use --resume"
     assert proc.stderr.count(refusal) == 2, proc.stderr
     assert "lost contact" not in proc.stderr
+
+
+def test_an_output_folder_rank_0_cannot_make_is_every_ranks_error(uninterrupted, tmp_path):
+    """Before: rank 0 failed ("Not a directory") and rank 1 reported "lost contact ... continue
+    it with --resume", with nothing to resume (found by review)."""
+    _, config = uninterrupted
+    (tmp_path / "file").write_text("kept")
+    out = tmp_path / "file" / "run"
+    proc = subprocess.run(torchrun("train", config("A"), "--set", f"train.out_dir={out}"),
+                          check=False, capture_output=True, text=True, timeout=300,
+                          env=subprocess_env())
+    assert proc.returncode != 0 and "lost contact" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("xinda: error: ")]
+    assert len(errors) == 2 and all(str(out) in e for e in errors), proc.stderr
+    assert f"xinda: error: {out}: Not a directory" in errors

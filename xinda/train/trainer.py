@@ -161,17 +161,19 @@ class Trainer:
     def save(self) -> None:
         """Checkpoint (all ranks call it: their random states are collected; rank 0 writes)."""
         ranks = self.ranks.save_rng()
-        if self.ranks.is_main:
-            self.progress.wall_seconds = self.wall_seconds()
-            state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                     "rng": torch.get_rng_state(), "progress": asdict(self.progress),
-                     "batches_per_update": self.ranks.world * self.cfg.train.update_freq}
-            if ranks:
-                state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
-            ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
-                                 self.cfg.train.keep_last)
-            retire_average(self.out, self.progress.step)
+        self.ranks.main_only(lambda: self.write_checkpoint(ranks))  # its error is every rank's
         self.saved_step = self.progress.step
+
+    def write_checkpoint(self, ranks: dict | None) -> None:
+        self.progress.wall_seconds = self.wall_seconds()
+        state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                 "rng": torch.get_rng_state(), "progress": asdict(self.progress),
+                 "batches_per_update": self.ranks.world * self.cfg.train.update_freq}
+        if ranks:
+            state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
+        ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
+                             self.cfg.train.keep_last)
+        retire_average(self.out, self.progress.step)
 
     def save_unless_saved(self) -> None:
         """Checkpoint the current update unless the newest checkpoint already holds it."""
@@ -185,8 +187,7 @@ class Trainer:
                                                           self.data_dir, self.manifest))
             if resume:
                 self.resume()
-            if self.ranks.is_main:
-                self.write_output_dir()
+            self.ranks.main_only(self.write_output_dir)
             self.net = self.ranks.wrap(self.model, self.find_unused)
             with self.signals.installed():
                 progress = self._train()
@@ -219,8 +220,7 @@ class Trainer:
             self.csv.write_window(p, learning_rate(  # the window: logged again after a resume)
                 tc, p.step, self.model_cfg.model_dim, p.lr_resets))
         if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
-            if self.ranks.is_main:  # stopped inside an epoch
-                self.validate_and_keep_best()
+            self.ranks.main_only(self.validate_and_keep_best)  # stopped inside an epoch
             p.validated_step = p.step  # (all ranks, and their checkpoint records the new best)
             self.save()
         self.save_unless_saved()
@@ -342,22 +342,25 @@ class Trainer:
         """Validate and keep the best weights, then checkpoint at the start of the next epoch
         (validation draws no random numbers, so resuming stays exact). True when early
         stopping triggers."""
-        p, stop = self.progress, False
-        if self.cfg.train.run_validation and self.has_valid and self.ranks.is_main:
-            score, loss = self.validate_and_keep_best()
-            improved = beats(score, loss, p.epoch_best, p.epoch_best_loss)
-            if improved:
-                p.epoch_best, p.epoch_best_loss = score, loss
-            p.bad_epochs = 0 if improved else p.bad_epochs + 1
-            patience = self.cfg.train.patience
-            if self.stopped_early():
-                log.info("early stopping: no improvement for %d epochs", patience)
-                stop = True
-        stop = self.ranks.any(stop)[0]  # rank 0 validated: the others follow it
+        p = self.progress
+        # rank 0 validates; the others follow its decision, and fail with its error
+        stop = (self.cfg.train.run_validation and self.has_valid
+                and self.ranks.main_only(self.validate_epoch))
         p.epoch, p.batch, p.validated_step = p.epoch + 1, 0, p.step
         with p.timed():  # the epoch's checkpoint counts as training time, its validation not
             self.save()
         return stop
+
+    def validate_epoch(self) -> bool:
+        """Validate at an epoch's end and count it for early stopping; True to stop."""
+        p = self.progress
+        score, loss = self.validate_and_keep_best()
+        if improved := beats(score, loss, p.epoch_best, p.epoch_best_loss):
+            p.epoch_best, p.epoch_best_loss = score, loss
+        p.bad_epochs = 0 if improved else p.bad_epochs + 1
+        if self.stopped_early():
+            log.info("early stopping: no improvement for %d epochs", self.cfg.train.patience)
+        return self.stopped_early()
 
     def validate_and_keep_best(self) -> tuple[float, float]:
         """Validate, log, keep best.safetensors; the score (BLEU, or -loss) and the loss."""
