@@ -127,11 +127,31 @@ def test_optimizer_settings_torch_would_refuse_are_config_errors(setting, named)
     assert named in error(load_config, None, [setting])
 
 
+def test_an_eps_that_is_0_in_float32_is_refused():
+    """Before: eps 1e-300 was accepted, became 0 in the optimizer's float32 and gave a NaN loss,
+    reported as "lower train.lr"."""
+    assert error(load_config, None, ["train.eps=1e-300"]) == (
+        "config: train.eps: 1e-300 is below float32's smallest normal number 1.18e-38: 0 in "
+        "the optimizer's float32, a NaN loss")
+    assert load_config(None, ["train.eps=1.2e-38"]).train.eps == 1.2e-38
+
+
 def test_a_cuda_device_without_cuda_is_one_line(monkeypatch):
     """Before: AssertionError "Torch not compiled with CUDA enabled" (a traceback)."""
     from xinda.device import pick_device
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert error(pick_device, "cuda").startswith("train.device cuda: no CUDA device here")
+
+
+def test_a_position_table_beyond_max_length_is_a_config_error():
+    """Before: accepted; building the model asked for a 256 GB sinusoidal table (a traceback)."""
+    from xinda.cli import validated
+
+    big = ["model.arch=transformer", "model.max_positions=2000000000"]
+    message = error(validated, load_config(None, big), "c.yaml")
+    assert message == "c.yaml: model.max_positions: Input should be less than or equal to 1000000"
+    top = load_config(None, ["model.preset=transformer-base", "model.max_positions=1000000"])
+    assert validated(top, "c.yaml").model["max_positions"] == 1_000_000
 
 
 def test_heads_that_do_not_divide_the_width_are_a_config_error():
@@ -195,6 +215,25 @@ def test_settings_that_cannot_work_are_refused(overrides, message):
     """Found by review: an empty out_dir wrote the dataset into the current folder, the same
     language on both sides read one file as source and target, and 50000 threads segfaulted."""
     assert error(load_config, None, overrides) == f"config: {message}"
+
+
+def test_sentencepiece_training_settings_with_a_given_model_are_named():
+    """Before: data.joint_vocab false and data.vocab_size 5000 with data.spm_model were silently
+    ignored (the manifest said joint). prepare warns (tests/data: test_spm_model_reuse), not an
+    error: recipes' settings go with a reused model too."""
+    def unused(*overrides: str) -> list[str]:
+        return list(load_config(None, list(overrides)).data.unused_spm_settings())
+
+    reuse = "data.spm_model=model/spm.model"
+    assert unused(reuse, "data.joint_vocab=true", "data.vocab_size=8000") == []  # defaults
+    assert unused("data.joint_vocab=false", "data.vocab_size=5000") == []  # no spm_model
+    assert unused(reuse, "data.joint_vocab=false", "data.vocab_size=5000",
+                  "data.subword=unigram", "data.character_coverage=0.9995",
+                  "data.spm_sample=10") == [
+        f"data.{setting} has no effect with data.spm_model: the given sentencepiece model is "
+        "used as it is, for both sides" for setting in (
+            "character_coverage 0.9995", "joint_vocab False", "spm_sample 10",
+            "subword unigram", "vocab_size 5000")]
 
 
 def test_a_section_left_empty_keeps_its_defaults(tmp_path):

@@ -31,7 +31,8 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what numpy and sentencepiece acc
 Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam moment's decay
 MAX_ROWS = 1000  # beam, n-best, samples: decoder rows per sentence (memory grows with them)
 MAX_DIST_TIMEOUT = 10 * 365 * 86400.0  # seconds: ten years, "forever" (timedelta overflows)
-MAX_LENGTH = 1_000_000  # |max_len_b|: beyond any position table
+MAX_LENGTH = 1_000_000  # tokens: the longest position table (model.max_positions), |max_len_b|
+FLOAT32_TINY = 2.0**-126  # the smallest normal float32: a smaller number is 0 or subnormal
 
 
 def _is_number(annotation: Any) -> bool:
@@ -57,6 +58,16 @@ class Strict(BaseModel):
             raise ValueError(f"expected a number, got the boolean {flag} (YAML reads "
                              "yes/no/on/off/true/false unquoted as booleans)")
         return value
+
+    def _changed(self) -> set[str]:
+        """The fields whose value is not their default (given, and not as the default)."""
+        return {name for name, field in type(self).model_fields.items()
+                if getattr(self, name) != field.get_default(call_default_factory=True)}
+
+
+# data settings only sentencepiece training reads (and seed, which is left alone: a seed given
+# everywhere is no mistake)
+SPM_TRAINING = {"subword", "vocab_size", "joint_vocab", "character_coverage", "spm_sample"}
 
 
 class DataConfig(Strict):
@@ -102,6 +113,14 @@ class DataConfig(Strict):
                              f"would be read from the same files ({{split}}.{self.src_lang})")
         return self
 
+    def unused_spm_settings(self):
+        """Sentencepiece training settings given with spm_model, which it ignores (``prepare``
+        warns: recipes set them, and a model may be reused with any recipe)."""
+        if self.spm_model:
+            for name in sorted(self._changed() & SPM_TRAINING):
+                yield (f"data.{name} {getattr(self, name)} has no effect with data.spm_model: "
+                       "the given sentencepiece model is used as it is, for both sides")
+
 
 class TrainConfig(Strict):
     model_config = ConfigDict(allow_inf_nan=False)  # (and Strict's): no infinity or NaN
@@ -121,7 +140,7 @@ class TrainConfig(Strict):
     # peak learning rate; for noam a scale: peak = lr * (d_model * warmup)^-0.5
     lr: float = Field(5e-4, gt=0)
     betas: tuple[Beta, Beta] = (0.9, 0.98)
-    eps: float = Field(1e-8, gt=0)  # 0 would divide 0 by 0 where a gradient is 0
+    eps: float = Field(1e-8, gt=0)  # 0 would divide 0 by 0 where a gradient is 0 (see below)
     momentum: float = Field(0.0, ge=0)  # SGD only
     weight_decay: float = Field(0.0, ge=0)
     # every schedule restarts at its peak after each growth (`xinda grow`; train/schedule.py)
@@ -161,6 +180,15 @@ class TrainConfig(Strict):
         # growth) is noam, restarted the same way
         return "noam" if value == "noam_reset" else value
 
+    @field_validator("eps")
+    @classmethod
+    def _eps_in_float32(cls, value: float) -> float:
+        # Adam adds eps in float32: 1e-300 is 0 there (1e-40 subnormal, 0 if flushed): NaN loss
+        if value < FLOAT32_TINY:
+            raise ValueError(f"{value:g} is below float32's smallest normal number "
+                             f"{FLOAT32_TINY:.3g}: 0 in the optimizer's float32, a NaN loss")
+        return value
+
     @model_validator(mode="after")
     def _schedule_fits(self) -> TrainConfig:
         if self.schedule == "inverse_sqrt" and not self.warmup_steps:
@@ -176,8 +204,7 @@ class TrainConfig(Strict):
 
     def _unused_settings(self):
         """Settings of the other optimizer or schedule, which would be silently ignored."""
-        changed = {name for name, field in type(self).model_fields.items()
-                   if getattr(self, name) != field.default}
+        changed = self._changed()
         only = {"momentum": ("optimizer", "sgd"), "betas": ("optimizer", "adam"),
                 "eps": ("optimizer", "adam"), "decay_every": ("schedule", "step"),
                 "decay_factor": ("schedule", "step")}

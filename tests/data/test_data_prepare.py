@@ -125,8 +125,11 @@ def test_spm_model_reuse(prepared, tmp_path):
     cfg, _, _ = prepared
     model = f"{cfg.out_dir}/spm.model"
     reuse = config(tmp_path, train=cfg.train, spm_model=model, joint_vocab=False)
-    manifest = prepare(reuse, log=lambda _: None)
+    logged = []
+    manifest = prepare(reuse, log=logged.append)
     assert manifest["spm"] == {"src": "spm.model", "tgt": "spm.model"}
+    assert "warning: data.joint_vocab False has no effect with data.spm_model: the given " \
+        "sentencepiece model is used as it is, for both sides" in logged  # (was silent)
     assert (tmp_path / "bin" / "spm.model").read_bytes() == Path(model).read_bytes()
     a, _ = load_split(cfg.out_dir, "train")
     b, _ = load_split(tmp_path / "bin", "train")

@@ -214,6 +214,8 @@ def _check_vocab_sizes(cfg: DataConfig, spm_files: dict[str, str], vocabs: dict[
             if n < cfg.vocab_size:
                 log(f"warning: {name} has {n} pieces, fewer than data.vocab_size "
                     f"{cfg.vocab_size} (the training text is too small)")
+    for problem in cfg.unused_spm_settings():
+        log(f"warning: {problem}")
     return sizes
 
 

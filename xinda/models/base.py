@@ -13,7 +13,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from xinda.config import Strict
+from xinda.config import MAX_LENGTH, Strict
 from xinda.data.vocab import VocabInfo
 
 
@@ -21,8 +21,8 @@ class ModelConfig(Strict):
     """The fields every architecture's config shares (each architecture adds its own)."""
 
     # longest sequence the model takes: position table / location-attention table; also the
-    # search's cap on output length
-    max_positions: int = Field(1024, ge=16)
+    # search's cap on output length (at most MAX_LENGTH: 2e9 would be a 256 GB table)
+    max_positions: int = Field(1024, ge=16, le=MAX_LENGTH)
 
     @property
     def model_dim(self) -> int:
