@@ -149,6 +149,18 @@ def test_couplet(client):
     assert all(len(h["text"]) == 2 for h in second["nbest"])
 
 
+def test_a_couplet_first_line_longer_than_the_model_reads_is_refused(client, served_models):
+    """Before: its source was cut to the limit and its second line, as long as the whole
+    first line, written from a part of it (found by review)."""
+    translator = served_models["couplet"].translator
+    limit = translator.source_limit(translator.cfg.decode)
+    line = ("春风江月，" * limit)[:limit + 1]
+    response = post(client, "/v1/couplet", model="couplet", text=["春风", line])
+    assert_error(response, 422, "text_too_long", "text[1]", f"at most {limit}",
+                 "decode.max_input_len")
+    assert post(client, "/v1/couplet", model="couplet", text="春风").status_code == 200
+
+
 def test_poem_with_keywords_and_acrostic(client):
     body = post(client, "/v1/poem", model="poetry", keywords="春风 江月", form=5).json()
     [poem] = body["poems"]
@@ -347,7 +359,7 @@ def test_the_default_work_limit(client):
     assert post(client, "/v1/translate", model="numbers", text=lines, beam=5).status_code == 200
     assert_error(post(client, "/v1/translate", model="numbers", text=lines, beam=32, n_best=32,
                       constraints={"exact_length": 1023}), 422, "too_much_work", "250,000")
-    assert_error(post(client, "/v1/couplet", model="couplet", text=["春风" * 400] * 64,
+    assert_error(post(client, "/v1/couplet", model="couplet", text=["春风" * 60] * 64,
                       n_best=32), 422, "too_much_work", "250,000")
     assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
 

@@ -73,7 +73,9 @@ def test_a_full_queue_is_429_and_a_slow_answer_408(make_client):
         assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
         assert full.headers["retry-after"] == "3"
         late = waiting.result(timeout=30)
-    assert late.status_code == 408 and late.json()["error"]["code"] == "timeout"
+        assert late.status_code == 408 and late.json()["error"]["code"] == "timeout"
+        # the timed-out job no longer waits (before: it kept its place, found by review)
+        assert metric(client, "xinda_queue_depth", model="numbers") == 0
 
 
 def test_api_key(make_client):

@@ -5,6 +5,7 @@ stopping at the next decoder step."""
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import pytest
@@ -94,6 +95,17 @@ def test_cancelled_jobs_are_skipped(batches):
     assert batches == [["x"]]
 
 
+def test_an_abandoned_job_stops_counting_at_once(batches):
+    """Before: it kept its place in the queue until the worker reached it (found by review)."""
+    w, gone = make_worker(queue_size=1, max_wait_ms=0), job("gone")
+    w.submit(gone)
+    gone.abandon()  # its request timed out before the worker reached it
+    gone.abandon()  # counted once only
+    assert w.depth() == 0
+    assert run_all(w, [job("x")]) == [["X"]]  # before: queue.Full
+    assert batches == [["x"]] and w.depth() == 0
+
+
 def test_the_worker_survives_any_exception(batches, monkeypatch):
     """A failure outside the runner (here: the metrics) is logged; the thread goes on."""
     w = make_worker(max_wait_ms=0)
@@ -173,6 +185,54 @@ def test_a_batch_decodes_on_while_one_of_its_requests_waits(decoding):
         assert waiting.future.result(timeout=WAIT_S) == ["Y"]
         assert w.metrics.stopped_batches.labels("fake")._value.get() == 0
     finally:
+        w.stop()
+
+
+def decode_job(key: int, text: str) -> Job:
+    return Job("decode", ("decode", key), {}, [text])
+
+
+def test_jobs_in_the_backlog_count_against_the_queue_size(decoding):
+    """Before: jobs moved to the backlog freed their places in the queue, so queue_size +
+    max_batch_requests jobs could wait (found by review)."""
+    w = make_worker(queue_size=2)
+    running, other = decode_job(1, "x"), decode_job(2, "y")
+    w.submit(running)
+    w.submit(other)
+    w.start()
+    try:
+        assert decoding["started"].wait(WAIT_S)  # "other" (another key) waits in the backlog
+        later = decode_job(2, "z")
+        w.submit(later)
+        assert w.depth() == 2
+        with pytest.raises(queue.Full):
+            w.submit(decode_job(3, "w"))
+        decoding["release"].set()
+        assert [j.future.result(WAIT_S) for j in (running, other, later)] == [["X"], ["Y"], ["Z"]]
+        assert w.depth() == 0
+    finally:
+        decoding["release"].set()
+        w.stop()
+
+
+def test_an_abandoned_job_in_the_backlog_frees_its_place_and_is_skipped(decoding):
+    w = make_worker(queue_size=2)
+    running, gone, queued = decode_job(1, "x"), decode_job(2, "y"), decode_job(3, "w")
+    w.submit(running)
+    w.submit(gone)
+    w.start()
+    try:
+        assert decoding["started"].wait(WAIT_S)  # "gone" waits in the backlog
+        w.submit(queued)
+        gone.abandon()  # its request gave up
+        assert w.depth() == 1
+        later = decode_job(2, "z")
+        w.submit(later)
+        decoding["release"].set()
+        assert [queued.future.result(WAIT_S), later.future.result(WAIT_S)] == [["W"], ["Z"]]
+        assert gone.future.cancelled() and w.depth() == 0
+    finally:
+        decoding["release"].set()
         w.stop()
 
 

@@ -140,6 +140,20 @@ class Service:
                            f"tokens), over the limit of {limit:,}: ask for attention with "
                            "fewer or shorter texts, or lower n_best, samples or exact_length")
 
+    def check_first_lines(self, model: ServedModel, texts: Sequence[str]) -> None:
+        """Refuse a couplet first line longer than the model reads: its source would be cut,
+        and its second line (as long as the first) written from a part of it."""
+        translator = model.translator
+        dec = translator.cfg.decode
+        limit = translator.source_limit(dec)
+        what = ("decode.max_input_len" if limit == dec.max_input_len
+                else "the model's position table")
+        for i, text in enumerate(texts):
+            if (size := tasks.first_line_tokens(translator, text)) > limit:
+                raise ApiError(422, "text_too_long", f"text[{i}]: a first line of {size} "
+                               f"tokens; the model reads at most {limit} ({what}): send a "
+                               "shorter first line")
+
     async def run(self, request: Request, model: ServedModel, kind: str, options: dict,
                   inputs: Sequence[Any], alone: bool = False) -> list:
         """Queue a job for ``model``'s worker and wait for its results (one per input); with
@@ -156,8 +170,7 @@ class Service:
                            {"Retry-After": str(self.settings.retry_after_s)}) from None
         try:
             return await asyncio.wait_for(results(job, request), self.settings.timeout_s)
-        except asyncio.TimeoutError:
-            job.abandon()
+        except asyncio.TimeoutError:  # the job was abandoned
             raise ApiError(408, "timeout", f"no result within {self.settings.timeout_s:g} s"
                            ) from None
         except (XindaError, ApiError):
@@ -168,8 +181,9 @@ class Service:
 
 
 async def results(job: Job, request: Request) -> list:
-    """The job's results, or a 499 "client_gone" (and the job abandoned) once the request's
-    client disconnects first: nobody reads its answer."""
+    """The job's results, or a 499 "client_gone" once the request's client disconnects first.
+    The job is abandoned when its results are not awaited to the end (a disconnect, or the
+    timeout's cancellation): nobody reads its answer."""
     answer = asyncio.wrap_future(job.future)
     gone = asyncio.ensure_future(disconnected(request))
     try:
@@ -177,10 +191,10 @@ async def results(job: Job, request: Request) -> list:
     finally:  # also on the timeout's cancellation
         gone.cancel()
         if not answer.done():
-            answer.cancel()  # cancels the job if it still waits; else its outcome is dropped
-    if answer.done() and not answer.cancelled():
+            answer.cancel()  # its outcome, if it comes, is dropped
+            job.abandon()  # no longer waiting: skipped, or its decoding stopped
+    if not answer.cancelled():
         return answer.result()
-    job.abandon()
     raise ApiError(CLIENT_GONE, "client_gone", "the client disconnected before its answer")
 
 
@@ -251,6 +265,7 @@ def routes(svc: Service) -> APIRouter:
             if not is_first_line(text):
                 raise ApiError(422, "invalid_request", f"text[{i}]: empty (or invisible "
                                "characters or punctuation only): a couplet needs a first line")
+        await asyncio.to_thread(svc.check_first_lines, model, texts)  # tokenises: off the loop
         options = {"nbest": req.n_best, "no_copy": req.no_copy, "tone": req.tone}
         outputs = await svc.run(request, model, "couplet", given(options), texts)
         return JSONResponse({"model": model.name, "couplets": [

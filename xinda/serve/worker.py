@@ -1,13 +1,14 @@
 """The per-model inference worker: a thread that owns the model and batches across requests.
 
-Requests become ``Job``s in a bounded queue. The worker takes the oldest job, then collects
-more jobs with the same ``key`` (the same task and decode options) for up to ``max_wait_ms``,
-until ``max_batch_requests`` jobs or ``batch_tokens`` source tokens; jobs with other keys wait
-in a backlog, first in line for the next batch. One library call decodes the batch's inputs
-together and each job's future gets its own slice of the results; once every request of a
-batch has given up (timed out or disconnected), its search stops at the next decoder step. A
-batch that fails is retried job by job, so that one bad job fails alone; an exception is a
-job's error, never the end of the thread.
+Requests become ``Job``s in a queue. The worker takes the oldest job, then collects more jobs
+with the same ``key`` (the same task and decode options) for up to ``max_wait_ms``, until
+``max_batch_requests`` jobs or ``batch_tokens`` source tokens; jobs with other keys wait in a
+backlog, first in line for the next batch. At most ``queue_size`` jobs wait, in the queue and
+the backlog together; a job whose request gave up stops counting at once, and is skipped. One
+library call decodes the batch's inputs together and each job's future gets its own slice of
+the results; once every request of a batch has given up (timed out or disconnected), its search
+stops at the next decoder step. A batch that fails is retried job by job, so that one bad job
+fails alone; an exception is a job's error, never the end of the thread.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,12 +43,16 @@ class Job:
     future: Future = field(default_factory=Future)
     tokens: int = 0  # source tokens, counted by the worker
     abandoned: threading.Event = field(default_factory=threading.Event)  # its request gave up
+    waiting: bool = False  # counted among its worker's waiting jobs
+    leave: Callable[[], None] | None = None  # ends that count (set by ``Worker.submit``)
 
     def abandon(self) -> None:
-        """The request stopped waiting: skip the job, or stop decoding it if every job of
-        its batch was abandoned."""
+        """The request stopped waiting: the job no longer counts as waiting and is skipped, or
+        its decoding stops if every job of its batch was abandoned."""
         self.abandoned.set()
         self.future.cancel()  # only takes effect while the job still waits
+        if self.leave is not None:
+            self.leave()
 
 
 class Worker:
@@ -54,20 +60,35 @@ class Worker:
 
     def __init__(self, model: ServedModel, settings: ServeSettings, metrics: Metrics):
         self.model, self.settings, self.metrics = model, settings, metrics
-        self.queue: queue.Queue[Job] = queue.Queue(settings.queue_size)
+        self.queue: queue.Queue[Job] = queue.Queue()  # bounded by ``submit``
         self.backlog: deque[Job] = deque()  # taken from the queue, not yet batched
+        self._lock = threading.Lock()
+        self._waiting = 0  # jobs counted as waiting, in the queue or the backlog
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"xinda-serve:{model.name}",
                                         daemon=True)
         metrics.watch_queue(model.name, self.depth)
 
     def submit(self, job: Job) -> Future:
+        """Queue ``job``; ``queue.Full`` when ``queue_size`` jobs wait already."""
+        with self._lock:
+            if self._waiting >= self.settings.queue_size:
+                raise queue.Full
+            self._waiting += 1
+            job.waiting, job.leave = True, lambda: self._leave(job)
         self.queue.put_nowait(job)
         return job.future
 
     def depth(self) -> int:
-        """Jobs waiting: in the queue and in the backlog."""
-        return self.queue.qsize() + len(self.backlog)
+        """Jobs waiting, in the queue and in the backlog (abandoned ones not counted)."""
+        return self._waiting
+
+    def _leave(self, job: Job) -> None:
+        """``job`` stops waiting (batched, abandoned or failed): it no longer counts, once."""
+        with self._lock:
+            if job.waiting:
+                job.waiting = False
+                self._waiting -= 1
 
     def start(self) -> None:
         self._thread.start()
@@ -77,11 +98,12 @@ class Worker:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        while self.depth():
+        while True:
             try:
                 job = self.backlog.popleft() if self.backlog else self.queue.get_nowait()
-            except (IndexError, queue.Empty):  # the thread did not stop in time and took it
+            except (IndexError, queue.Empty):  # none left (or the thread, still on, took it)
                 break
+            self._leave(job)
             _fail(job, ApiError(503, "shutting_down", "the server is shutting down: retry "
                                 "later"))
 
@@ -108,11 +130,12 @@ class Worker:
 
     def _collect(self) -> list[Job]:
         """The next batch: the oldest job and the waiting jobs with its key, within the limits;
-        jobs whose requests gave up (cancelled futures) are dropped. If collecting fails, the
-        jobs taken fail with its error."""
+        jobs whose requests gave up (abandoned, or cancelled futures) are dropped. If
+        collecting fails, the jobs taken fail with its error."""
         first = self.backlog.popleft() if self.backlog else self._take(POLL_S)
-        if first is None:
+        if first is None or first.abandoned.is_set():
             return []
+        self._leave(first)
         batch = [first]
         try:
             self._fill(batch)
@@ -126,22 +149,30 @@ class Worker:
         """Add to ``batch`` (its first job taken) the waiting jobs with its key, from the
         backlog and then from the queue for up to ``max_wait_ms``, within the limits."""
         first, tokens = batch[0], batch[0].tokens
+        for job in [j for j in self.backlog if j.abandoned.is_set()]:  # skipped
+            self.backlog.remove(job)
         for job in [j for j in self.backlog if j.key == first.key]:
             if not self._room(batch, tokens, job):
                 break
             self.backlog.remove(job)
-            batch.append(job)
-            tokens += job.tokens
+            tokens += self._add(batch, job)
         deadline = time.monotonic() + self.settings.max_wait_ms / 1000
         while self._room(batch, tokens) and len(self.backlog) < self.settings.max_batch_requests:
             job = self._take(deadline - time.monotonic())
             if job is None:
                 break
+            if job.abandoned.is_set():  # skipped
+                continue
             if job.key == first.key and self._room(batch, tokens, job):
-                batch.append(job)
-                tokens += job.tokens
+                tokens += self._add(batch, job)
             else:
                 self.backlog.append(job)
+
+    def _add(self, batch: list[Job], job: Job) -> int:
+        """Add ``job`` to ``batch``, where it no longer waits; its tokens."""
+        self._leave(job)
+        batch.append(job)
+        return job.tokens
 
     def _room(self, batch: list[Job], tokens: int, job: Job | None = None) -> bool:
         """Whether the batch has room for ``job`` (or, without one, for any more tokens)."""
