@@ -11,6 +11,7 @@ from xinda.apps.poetry import (
     poem_lines,
     poem_text,
     source_text,
+    split_keywords,
     template,
     write_poetry_corpus,
 )
@@ -45,6 +46,13 @@ def test_source_text():
     assert source_text(7, []) == "七言"
     with pytest.raises(XindaError, match="unknown poem form 6"):
         source_text(6, ["春"])
+
+
+def test_keywords_split_at_spaces_and_ascii_or_chinese_commas():
+    """Before: "春风，江月" (a Chinese comma) was one keyword, in the CLI and the server."""
+    for text in ("春风 江月", "春风,江月", "春风，江月", " 春风、 江月；", "春风\u3000江月"):
+        assert split_keywords(text) == ("春风", "江月"), text
+    assert split_keywords(" ， ") == ()
 
 
 def test_keywords_are_words_of_the_poem_in_text_order():

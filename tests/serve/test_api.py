@@ -174,6 +174,13 @@ def test_poem_with_keywords_and_acrostic(client):
         assert all(len(line) == 7 for line in poem["lines"])
 
 
+def test_poem_keywords_split_at_chinese_commas():
+    """Before: "春风，江月" was one keyword (only spaces and ASCII commas split)."""
+    from xinda.serve.schemas import PoemRequest
+
+    assert PoemRequest(keywords="春风，江月").keyword_list() == ("春风", "江月")
+
+
 def test_the_only_model_needs_no_name(make_client):
     with make_client(("numbers",)) as client:
         assert post(client, "/v1/translate", text="one").json()["model"] == "numbers"

@@ -53,6 +53,7 @@ FORMS = {5: "五言", 7: "七言"}  # characters per line -> the source's form w
 SIDES = ("kw", "poem")  # file suffixes: source, target
 SPLITS = ("train", "valid", "test")  # {split}.jsonl (train: train.jsonl.gz)
 MAX_KEYWORDS = 4
+_KEYWORD_SEPARATORS = re.compile(r"[\s,，、;；]+")  # "春风 江月", "春风,江月", "春风，江月"
 _NOT_KEYWORDS = re.compile(r"其[一二三四五六七八九十]|[一二三四五六七八九十]首|[五七]绝|绝句")
 
 
@@ -81,6 +82,11 @@ def template(form: int, lines: int = 4) -> tuple[dict[int, str], int]:
 def poem_text(lines: Sequence[str]) -> str:
     """The poem's lines as one target line, with the marks of ``template``."""
     return "".join(line + line_mark(k, len(lines)) for k, line in enumerate(lines))
+
+
+def split_keywords(text: str) -> tuple[str, ...]:
+    """The keywords of a prompt, separated by spaces or by ASCII or Chinese commas (，、；)."""
+    return tuple(word for word in _KEYWORD_SEPARATORS.split(text) if word)
 
 
 def source_text(form: int, words: Sequence[str]) -> str:

@@ -252,7 +252,7 @@ def couplet(
 @command
 def poem(
     model_dir: Path,
-    keywords: Annotated[str, typer.Option(help="keywords, space-separated: '春风 江月'")] = "",
+    keywords: Annotated[str, typer.Option(help="keywords: '春风 江月' or '春风，江月'")] = "",
     form: Annotated[int, typer.Option(help="characters per line: 5 or 7")] = 7,
     acrostic: Annotated[str, typer.Option(help="藏头诗: the first character of each line")] = "",
     nbest: Annotated[int, typer.Option(help="poems to write")] = 1,
@@ -261,9 +261,10 @@ def poem(
     """Write a quatrain (or one line per acrostic character) of exactly 5 or 7 characters a
     line from keywords."""
     from xinda.apps.generate import PoemPrompt, write_poems
+    from xinda.apps.poetry import split_keywords
     from xinda.decode.translator import Translator
 
-    prompt = PoemPrompt(tuple(keywords.replace(",", " ").split()), form, acrostic)
+    prompt = PoemPrompt(split_keywords(keywords), form, acrostic)
     prompt.check("xinda poem")
     _print_outputs(write_poems(Translator.load(model_dir), [prompt], nbest=nbest, rhyme=rhyme),
                    nbest)

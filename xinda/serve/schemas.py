@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from xinda.apps.poetry import split_keywords
 from xinda.utils import visible_text
 
 MAX_BEAM = 32  # beam, n_best and samples
@@ -72,15 +73,15 @@ class CoupletRequest(Strict):
 
 class PoemRequest(Strict):
     model: Name = None
-    keywords: str | list[str] = Field(default_factory=list,
-                                      description="a list, or one string separated by spaces")
+    keywords: str | list[str] = Field(
+        default_factory=list, description="a list, or one string separated by spaces or commas")
     acrostic: str = Field("", max_length=MAX_ACROSTIC, description="藏头: first characters")
     form: int = Field(7, description="characters per line: 5 or 7")
     rhyme: bool = False
     n_best: NBestCount = None
 
     def keyword_list(self) -> tuple[str, ...]:
-        words = self.keywords.replace(",", " ").split() if isinstance(self.keywords, str) \
+        words = split_keywords(self.keywords) if isinstance(self.keywords, str) \
             else [w.strip() for w in self.keywords]
         return tuple(w for w in words if visible_text(w))  # invisible ones are no keyword
 
