@@ -442,6 +442,8 @@ def test_models_served_in_int8(served_model_dir, served_models):
         got = post(client, "/v1/translate", text=["one two", "three"]).json()["translations"]
     assert [len(t["nbest"]) for t in got] == [1, 1]
     assert served_models["numbers"].info()["precision"] == "fp32"  # the others are untouched
+    auto = load_models([served_model_dir], precision="auto")["numbers"].info()["precision"]
+    assert auto in ("fp32", "bf16")  # what "auto" chose here (before: "auto")
 
 
 def test_served_models_decode_in_the_servers_process(served_model_dir, monkeypatch):

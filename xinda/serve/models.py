@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xinda.decode.translator import Translator
+from xinda.device import pick_precision
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
 
@@ -33,7 +34,8 @@ class ServedModel:
         data = self.translator.cfg.data
         return {"name": self.name, "task": self.task, "arch": self.arch,
                 "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
-                "precision": self.translator.cfg.decode.precision,
+                "precision": pick_precision(self.translator.cfg.decode.precision,  # not auto
+                                            self.translator.device),
                 "sampling": self.translator.cfg.decode.sampling}
 
 

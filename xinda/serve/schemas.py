@@ -136,7 +136,7 @@ class ModelInfo(BaseModel):
     arch: str
     src_lang: str
     tgt_lang: str
-    precision: str  # the decoding precision: fp32 | bf16 | int8 | auto
+    precision: str  # the decoding precision: fp32 | bf16 | int8 (auto resolved)
     sampling: bool  # its outputs are samples (decode.sampling): beam and n_best do not apply
 
 
