@@ -197,6 +197,7 @@ def test_yaml_merge_keys_are_read_and_may_be_given_again(tmp_path):
     (["data.src_lang=no"], ("data.src_lang: Input should be a valid string (YAML reads "
                             "yes/no/on/off unquoted as False: quote the value)")),
     (["train.threads=1025"], "train.threads: Input should be less than or equal to 1024"),
+    (["data.workers=100000000"], "data.workers: Input should be less than or equal to 1024"),
     # booleans: pydantic's lax mode read them as 1 and 0
     (["train.max_epochs=yes"], ("train.max_epochs: expected a number, got the boolean True "
                                 "(YAML reads yes/no/on/off/true/false unquoted as booleans)")),

@@ -103,7 +103,7 @@ class DataConfig(Strict):
     # sentence pairs sampled (seeded by seed) for sentencepiece training; all when fewer
     spm_sample: int = Field(1_000_000, ge=1)
     chunk_size: int = Field(50_000, ge=1)  # pairs read, preprocessed and encoded at a time
-    workers: int = Field(1, ge=1)  # processes that preprocess and encode chunks
+    workers: int = Field(1, ge=1, le=MAX_THREADS)  # processes that preprocess and encode chunks
     seed: Seed = 1
 
     @model_validator(mode="after")
