@@ -24,8 +24,9 @@ dropout 0.3, label smoothing 0.1, at most 5000 tokens per batch, beam 5. ``--siz
 last 5 checkpoints (the last epoch ends and the final update). The baseline's validation loss over the last fifth of the updates
 says whether it has plateaued: compare ``valid_loss_change_last_fifth`` across update counts.
 
-Per pair: BLEU mean +- std over seeds, the paired bootstrap test of each seed's output against the
-baseline with the same seed (sacrebleu, 1000 samples; p per seed) and, for the paper's claims
+Per pair: BLEU mean +- std over seeds, the paired tests of each seed's output against the
+baseline with the same seed (sacrebleu's approximate randomization, two-sided, and its paired
+bootstrap; p per seed) with a t-test of the differences over seeds and, for the paper's claims
 between two fusion systems (``COMPARISONS``), against the other system, BLEU by source-length bucket,
 parameters, tokens/s and the validation curves (drawn in WORKDIR/fusion_study-PAIR-valid.png).
 ``--gate-throughput`` instead trains sub-layer fusion with each gate form (elementwise, matrix,
@@ -52,6 +53,7 @@ import hashlib
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,6 +153,16 @@ def unfinished_run(run_dir: Path, cfg: dict) -> bool:
             and bool(list_checkpoints(run_dir / "model", verify=False)))
 
 
+def code_version() -> str | None:
+    """``git describe --always --dirty`` of this checkout (None outside one): the code a run
+    trained with, kept in its result (a cached result is reused whatever the code now is)."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: str,
                     runs_at_once: int = 1) -> dict:
     """Train, average the last checkpoints, translate the test set, score; cached.
@@ -164,6 +176,7 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
     if not resume:
         shutil.rmtree(model_dir, ignore_errors=True)  # an earlier attempt with another config
     cfg_path = write_run_config(run_dir, cfg)
+    code = code_version()
     print(f"{label}: training {cfg['train']['max_steps']} updates"
           f"{' (resumed)' if resume else ''}", flush=True)
     train = timed([*xinda, "train", str(cfg_path), *(["--resume"] if resume else [])],
@@ -173,7 +186,8 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
               "tok_per_s": round(stats["tgt_tok_per_s"], 1),
               "tok_per_s_median_window": window_tok_per_s(model_dir),
               "runs_at_once": runs_at_once,
-              "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg}
+              "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg,
+              "code": code}
     if cfg["train"]["run_validation"]:
         # the checkpoints `xinda average --last N` takes: the newest N that verify
         result["averaged_checkpoints"] = [
@@ -300,10 +314,12 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
 
 
 def paired_p(pair: str, baseline_dir: Path, system_dir: Path,
-             expected: tuple[float, float] | None = None) -> float | None:
-    """p of sacrebleu's paired bootstrap test (1000 samples): system against baseline; None
-    when either run's test translations are missing, or (with ``expected``, the two results'
-    BLEU) when they score otherwise: another run's translations."""
+             expected: tuple[float, float] | None = None) -> dict[str, float] | None:
+    """The p values of system against baseline: "ar", sacreBLEU's paired approximate
+    randomization (10,000 trials; two-sided) and "bs", its paired bootstrap (1000 resamples;
+    its statistic |d*| - mean|d*| > |d| is close to a one-sided test once |d| is large, and
+    cannot go much above 0.5). None when either run's test translations are missing, or (with
+    ``expected``, the two results' BLEU) when they score otherwise: another run's."""
     p = PAIRS[pair]
     hyp_paths = [d / f"{p['test']}.hyp" for d in (baseline_dir, system_dir)]
     if missing := [h for h in hyp_paths if not h.exists()]:
@@ -312,14 +328,34 @@ def paired_p(pair: str, baseline_dir: Path, system_dir: Path,
     refs = list(read_lines(raw_file(SHARED / p["corpus"] / p["test"], p["tgt"])))
     hyps = [list(read_lines(h)) for h in hyp_paths]
     metric = BLEU(tokenize=p["tokenize"]) if p["tokenize"] else BLEU()
-    _, results = PairedTest(list(zip(("baseline", "system"), hyps)), {"BLEU": metric}, [refs],
-                            test_type="bs", n_samples=1000)()
-    scores = tuple(round(r.score, 2) for r in results["BLEU"])
-    if expected is not None and any(abs(a - b) > 0.011 for a, b in zip(scores, expected)):
-        print(f"[{pair}] no paired test: {', '.join(map(str, hyp_paths))} score {scores}, "
-              f"not the results' {expected}", flush=True)
+    systems = list(zip(("baseline", "system"), hyps))
+    p_values = {}
+    for test, samples in (("ar", 10000), ("bs", 1000)):
+        _, results = PairedTest(systems, {"BLEU": metric}, [refs], test_type=test,
+                                n_samples=samples)()
+        scores = tuple(round(r.score, 2) for r in results["BLEU"])
+        if expected is not None and any(abs(a - b) > 0.011 for a, b in zip(scores, expected)):
+            print(f"[{pair}] no paired test: {', '.join(map(str, hyp_paths))} score {scores}, "
+                  f"not the results' {expected}", flush=True)
+            return None
+        p_values[test] = round(results["BLEU"][1].p_value, 4)
+    return p_values
+
+
+def seed_level(deltas: list[float]) -> dict | None:
+    """A paired t-test over seeds of the same-seed BLEU differences: their mean, its 95 %
+    confidence interval and the two-sided p (seed-to-seed variance, which the per-seed tests
+    of the test set's sampling leave out); None with fewer than 2 seeds."""
+    from scipy import stats
+
+    if len(deltas) < 2:
         return None
-    return round(results["BLEU"][1].p_value, 4)
+    mean, sem = statistics.fmean(deltas), statistics.stdev(deltas) / len(deltas) ** 0.5
+    if sem == 0:
+        return {"mean": round(mean, 3), "ci95": [round(mean, 3)] * 2, "p": None}
+    half = stats.t.ppf(0.975, len(deltas) - 1) * sem
+    return {"mean": round(mean, 3), "ci95": [round(mean - half, 3), round(mean + half, 3)],
+            "p": round(float(stats.ttest_1samp(deltas, 0.0).pvalue), 4)}
 
 
 def window_tok_per_s(model_dir: Path) -> float | None:
@@ -398,10 +434,16 @@ def seed_delta(runs: dict, systems: tuple[str, str], seed: int) -> float | None:
         system["bleu"] - reference["bleu"], 2)
 
 
+def seed_deltas(runs: dict, systems: tuple[str, str]) -> list[float]:
+    """The same-seed BLEU differences of ``systems[1]`` minus ``systems[0]``, by seed."""
+    found = (seed_delta(runs, systems, s) for s in sorted(runs.get(systems[1], {})))
+    return [d for d in found if d is not None]
+
+
 def seed_test(pair: str, pair_dir: Path, systems: tuple[str, str], runs: dict,
-              seed: int) -> float | None:
-    """The paired bootstrap p of ``systems[1]`` against ``systems[0]`` at ``seed``, on the
-    translations of the two results reported (None unless both ran it)."""
+              seed: int) -> dict[str, float] | None:
+    """The paired p values (``paired_p``) of ``systems[1]`` against ``systems[0]`` at ``seed``,
+    on the translations of the two results reported (None unless both ran it)."""
     reference, system = (runs.get(name, {}).get(seed) for name in systems)
     if reference is None or system is None:
         return None
@@ -426,6 +468,8 @@ def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
                 seed_test(pair, pair_dir, ("baseline", system), runs, s) for s in sorted(by_seed)],
             "delta_vs_baseline": None if system == "baseline" else [
                 seed_delta(runs, ("baseline", system), s) for s in sorted(by_seed)],
+            "seed_level_vs_baseline": None if system == "baseline" else seed_level(
+                seed_deltas(runs, ("baseline", system))),
             "tok_per_s_by_setting": speeds_by_setting(by_seed),
             "vs_baseline": None if system == "baseline" else paired_with_baseline(
                 by_seed, runs.get("baseline", {})),
@@ -454,30 +498,58 @@ def compare(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dic
                       "bleu_difference": round(delta, 2), "seeds": both,
                       "delta": [seed_delta(runs, (reference, system), s) for s in both],
                       "p": [seed_test(pair, pair_dir, (reference, system), runs, s)
-                            for s in both]})
+                            for s in both],
+                      "seed_level": seed_level(seed_deltas(runs, (reference, system)))})
     return found
 
 
-def p_cell(ps: list[float | None], deltas: list[float | None] | None = None) -> str:
-    """Per-seed p values ("n/a" where a test could not run), after each seed's BLEU
-    difference when given: the p is two-sided, the sign says which way the seed went."""
+def p_text(p: dict[str, float] | float | None) -> str:
+    """"AR p, bs p" of ``paired_p`` ("n/a" where the test could not run); a p at its floor,
+    1 / (samples + 1), as "<= floor"."""
+    if p is None:
+        return "n/a"
+    if not isinstance(p, dict):  # a report of a study written before the AR test
+        return f"bs {p}"
+    floors = {"ar": 1 / 10001, "bs": 1 / 1001}
+    return ", ".join(f"{test} ≤ {floors[test]:.2g}" if value <= floors[test] + 1e-6 else
+                     f"{test} {value}" for test, value in p.items())
+
+
+def p_cell(ps: list, deltas: list[float | None] | None = None) -> str:
+    """Per-seed p values (``p_text``), after each seed's BLEU difference when given: the sign
+    says which way the seed went."""
     deltas = deltas or [None] * len(ps)
-    return " / ".join(("n/a" if p is None else f"p {p}") if d is None else
-                      f"{d:+.2f} ({'n/a' if p is None else f'p {p}'})"
+    return " / ".join(p_text(p) if d is None else f"{d:+.2f} ({p_text(p)})"
                       for p, d in zip(ps, deltas))
+
+
+def seed_level_cell(test: dict | None) -> str:
+    """The seed-level t-test: mean difference [95 % CI], p."""
+    if test is None:
+        return "–"
+    low, high = test["ci95"]
+    p = "n/a" if test["p"] is None else test["p"]
+    return f"{test['mean']:+.2f} [{low:+.2f}, {high:+.2f}], p {p}"
 
 
 def comparisons_markdown(found: list[dict]) -> list[str]:
     body = [[c["claim"], f"{c['system']} − {c['reference']}", ", ".join(map(str, c["seeds"])),
-             f"{c['bleu_difference']:+.2f}", p_cell(c["p"], c.get("delta"))] for c in found]
+             f"{c['bleu_difference']:+.2f}", p_cell(c["p"], c.get("delta")),
+             seed_level_cell(c.get("seed_level"))] for c in found]
     header = ["the paper's claim", "BLEU difference", "seeds (both systems)",
-              "mean difference over those seeds", "difference (p) per seed"]
+              "mean difference over those seeds", "difference (p) per seed",
+              "over seeds: mean [95 % CI], p"]
     return ["", "Between fusion systems:", "", *markdown_table(header, body)] if found else []
 
 
-NOTES = ("BLEU: mean ± sample standard deviation over seeds. p: sacreBLEU's paired bootstrap "
-         "(1000 resamples) of the system's test translations against the other system's with "
-         "the same seed; it tests |ΔBLEU|, i.e. two-sided, whatever the sign. Δ vs baseline and "
+NOTES = ("BLEU: mean ± sample standard deviation over seeds. Per seed, the system's test "
+         "translations against the other system's with the same seed: ar, sacreBLEU's paired "
+         "approximate randomization (10,000 trials), two-sided; bs, sacreBLEU's paired "
+         "bootstrap (1000 resamples), whose statistic is close to a one-sided test once |ΔBLEU| "
+         "is large (about half the two-sided p) and cannot go much above 0.5. 'Over seeds': a "
+         "paired t-test of the same-seed differences (seed-to-seed variance, which the "
+         "per-seed tests leave out). The columns 'best valid loss', 'train tok/s' and 'BLEU "
+         "<bucket>' are means over the system's own seeds (the 'seeds' column). Δ vs baseline and "
          "the speed ratio pair each seed with the baseline's same seed (speed: only seeds "
          "measured with the same threads × jobs). tok/s: per setting, threads × --jobs (at "
          "most that many runs trained at once). Every run is scored on the average of its "
@@ -500,13 +572,15 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              found: list[dict] = ()) -> str:
     buckets = list(rows[0]["bleu_by_length"]) if rows else []
     header = ["system", "params", "seeds", "BLEU (mean ± std)", "Δ BLEU vs baseline",
-              "Δ (p) vs baseline per seed", "train tok/s (threads × jobs, how)",
+              "Δ (p) vs baseline per seed", "Δ over seeds: mean [95 % CI], p",
+              "train tok/s (threads × jobs, how)",
               "tok/s vs baseline", "best valid loss", "valid loss change, last fifth",
               *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", ", ".join(map(str, r.get("seeds", []))),
              bleu_cell(r["bleu_mean"], r["bleu_std"]), vs_baseline_cells(r)[0],
              "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"],
                                                             r.get("delta_vs_baseline")),
+             seed_level_cell(r.get("seed_level_vs_baseline")),
              " / ".join(f"{v} ({k})" for k, v in r["tok_per_s_by_setting"].items()),
              vs_baseline_cells(r)[1], r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),

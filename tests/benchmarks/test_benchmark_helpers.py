@@ -201,16 +201,17 @@ def test_fusion_study_report_only_trains_nothing_and_leaves_unfinished_runs_out(
     other = fusion_study.kept_files(args.keep, "de-en", "sublayer", 1, args)[0]
     other.write_text(json.dumps({**result(33.0, "sublayer", 1), "config": {"train": {}}}))
     monkeypatch.setattr(fusion_study, "timed", lambda *a, **k: pytest.fail("trained"))
-    monkeypatch.setattr(fusion_study, "paired_p", lambda *a: 0.25)
+    monkeypatch.setattr(fusion_study, "paired_p", lambda *a: {"ar": 0.5, "bs": 0.25})
     runs = fusion_study.run_all("de-en", pair, ["baseline", "layer", "sublayer"], [1, 2], args)
     # the kept sublayer run of another recipe is left out (before: reported as this one)
     assert {s: sorted(by) for s, by in runs.items()} == {"baseline": [1, 2], "layer": [1]}
     base, layer = fusion_study.summarise("de-en", pair, runs)
     assert (base["seeds"], base["bleu_mean"], layer["seeds"], layer["p_vs_baseline"]) == (
-        [1, 2], 30.5, [1], [0.25])
+        [1, 2], 30.5, [1], [{"ar": 0.5, "bs": 0.25}])
     table = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(
         size="small", updates=10, gate="elementwise", seeds="1,2"))
-    assert "| layer | 10 | 1 | 32.00 (one seed) | +2.00 (seeds 1) | +2.00 (p 0.25) |" in table
+    assert ("| layer | 10 | 1 | 32.00 (one seed) | +2.00 (seeds 1) | +2.00 (ar 0.5, bs 0.25) | "
+            "– |") in table  # one seed: no test over seeds
     assert "two-sided" in table and "WARNING" not in table
 
 
@@ -280,7 +281,7 @@ def test_fusion_study_pairs_only_the_translations_of_the_results_reported(tmp_pa
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{p['test']}.hyp").write_text("".join(f"{r}\n" for r in refs))
     dirs = (tmp_path / "base", tmp_path / "system")
-    assert fusion_study.paired_p("de-en", *dirs, (100.0, 100.0)) is not None
+    assert fusion_study.paired_p("de-en", *dirs, (100.0, 100.0)).keys() == {"ar", "bs"}
     assert fusion_study.paired_p("de-en", *dirs, (100.0, 40.5)) is None
 
 
@@ -400,7 +401,7 @@ def test_runs_that_crowd_the_cores_wait_passively_unless_the_environment_says_ot
 def test_fusion_study_compares_the_papers_system_pairs_on_the_seeds_both_ran(monkeypatch, tmp_path):
     tested = []
     monkeypatch.setattr(fusion_study, "paired_p", lambda pair, ref, system, expected: tested.append(
-        (ref.parts[-2:], system.parts[-2:], expected)) or 0.5)
+        (ref.parts[-2:], system.parts[-2:], expected)) or {"ar": 0.9, "bs": 0.5})
     runs = {"baseline": {1: {"bleu": 30.0}},
             "sublayer": {1: {"bleu": 31.0}, 2: {"bleu": 32.0}},
             "sublayer-linear": {1: {"bleu": 30.5}, 2: {"bleu": 30.0}, 3: {"bleu": 29.0}}}
@@ -409,9 +410,10 @@ def test_fusion_study_compares_the_papers_system_pairs_on_the_seeds_both_ran(mon
     assert found["seeds"] == [1, 2] and found["bleu_difference"] == pytest.approx(1.25)
     assert tested == [(("sublayer-linear", "seed1"), ("sublayer", "seed1"), (30.5, 31.0)),
                       (("sublayer-linear", "seed2"), ("sublayer", "seed2"), (30.0, 32.0))]
-    # each seed's difference beside its two-sided p (before: the p alone)
-    assert "| +1.25 | +0.50 (p 0.5) / +2.00 (p 0.5) |" in "\n".join(
-        fusion_study.comparisons_markdown([found]))
+    # each seed's difference beside its p values (before: the p alone), then the t-test over
+    # seeds: differences 0.5 and 2.0, mean 1.25, SE 0.75, t 1.667 on 1 degree of freedom
+    assert ("| +1.25 | +0.50 (ar 0.9, bs 0.5) / +2.00 (ar 0.9, bs 0.5) | +1.25 [-8.28, +10.78], "
+            "p 0.344 |") in "\n".join(fusion_study.comparisons_markdown([found]))
 
 
 def test_fusion_study_speed_is_the_median_log_window_and_filled_in_for_older_runs(tmp_path):
@@ -434,3 +436,21 @@ def test_fusion_study_speed_is_the_median_log_window_and_filled_in_for_older_run
     assert json.loads((run / "result.json").read_text())["tok_per_s_median_window"] == 3000.0
     assert fusion_study.speed_setting(old) == "2 × 1, median window"
     assert fusion_study.window_tok_per_s(tmp_path) is None
+
+
+def test_fusion_study_seed_level_t_test_by_hand():
+    """Differences 1, 2, 3: mean 2, standard error 1/sqrt(3), t = 2 sqrt(3) on 2 degrees of
+    freedom, whose two-sided p is 1 - t / sqrt(t^2 + 2); the 95 % interval is 2 +- 4.303 SE."""
+    test = fusion_study.seed_level([1.0, 2.0, 3.0])
+    t = 2 * 3 ** 0.5
+    assert test["mean"] == 2.0 and test["p"] == pytest.approx(1 - t / (t * t + 2) ** 0.5, abs=1e-4)
+    assert test["ci95"] == pytest.approx([2 - 4.3027 / 3 ** 0.5, 2 + 4.3027 / 3 ** 0.5], abs=2e-3)
+    assert fusion_study.seed_level([0.4]) is None
+
+
+def test_fusion_study_p_values_say_their_test_and_their_floor():
+    assert fusion_study.p_text({"ar": 0.136, "bs": 0.048}) == "ar 0.136, bs 0.048"
+    assert fusion_study.p_text({"ar": 0.0001, "bs": 0.001}) == "ar ≤ 0.0001, bs ≤ 0.001"
+    assert fusion_study.p_text(0.048) == "bs 0.048"  # a report written before the AR test
+    assert fusion_study.p_cell([{"ar": 0.5, "bs": 0.2}, None], [0.21, -0.3]) == \
+        "+0.21 (ar 0.5, bs 0.2) / -0.30 (n/a)"
