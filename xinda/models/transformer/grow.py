@@ -9,7 +9,8 @@ and keep training, instead of training the deep model from scratch.
   usual N = 2h this stacks a copy of the whole trained encoder on top of itself; for N < 2h the
   top N - h layers are copies of the old top N - h layers.
 - DLCL on the encoder (``dense``): the old (K+1) x (K+1) weight matrix goes into the top-left
-  block of the new one (the new rows keep their default 1/M initialisation) and the old norms
+  block of the new one (the new rows keep their ``dense_init``: 1/M for ``mean``, the newest
+  output alone for ``last``) and the old norms
   into the first norms; the norm of each new aggregation point copies the norm of its source
   layer's aggregation point (or keeps its default initialisation when the source layer is not
   one, possible only when N - h is not a multiple of ``dense_every``).
