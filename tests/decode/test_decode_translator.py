@@ -364,3 +364,19 @@ def test_attention_of_a_translation_holds_only_its_own_weights(translator, optio
             assert held == t.attention.numel() * t.attention.element_size()
             # EOS rows and columns included
             assert t.attention.shape == (len(t.target_pieces) + 1, len(t.source_pieces) + 1)
+
+
+def test_workers_return_many_tensors_within_a_low_open_file_limit():
+    """Before: each tensor of a worker's result went back as a file descriptor; 1500 greedy
+    attention matrices with ``ulimit -n 1024`` failed as "a decode.workers process died
+    (''')" (found by review)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+    try:
+        got = map_in_workers(lambda i: [torch.full((2, 3), float(i + k)) for k in range(600)],
+                             [0, 1], 2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert [float(t[0, 0]) for t in got[1][:3]] == [1.0, 2.0, 3.0] and len(got[0]) == 600

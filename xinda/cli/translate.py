@@ -90,7 +90,7 @@ def translate(
     temperature: Annotated[float | None, typer.Option(help="sampling temperature > 0")] = None,
     top_k: Annotated[int | None, typer.Option(help="sample from the k best (0 = all)")] = None,
     top_p: Annotated[float | None, typer.Option(help="nucleus sampling, in (0, 1]")] = None,
-    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
+    seed: Annotated[int | None, typer.Option(help="sampling seed (same lines and --batch-size: same samples)")] = None,
     samples: Annotated[int | None, typer.Option(help="samples per line, written like --nbest")
                        ] = None,
     set_: Annotated[list[str] | None, typer.Option(

@@ -71,7 +71,7 @@ def top_k_filter(scores: Tensor, k: int) -> Tensor:
     if k <= 0 or k >= scores.size(-1):
         return scores
     keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(
-        -1, scores.topk(k, dim=-1).indices, True)  # exactly k, ties included
+        -1, scores.topk(k, dim=-1).indices, True)  # exactly k (a tie at the k-th: any of them)
     return scores.masked_fill(~keep, NEG_INF)
 
 

@@ -44,10 +44,12 @@ def _start_worker(job: Callable[[int], object], parent: int) -> None:
         os._exit(1)
 
 
-def _run(index: int) -> object:
+def _run(index: int) -> bytes:
+    """``job(index)`` pickled by value: a pool would send each tensor's storage as a file
+    descriptor, one per tensor (a batch's greedy attention matrices ran out of ``ulimit -n``)."""
     assert _job is not None, "a worker without a job"
     try:
-        return _job(index)
+        return pickle.dumps(_job(index), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:  # one that pickle cannot rebuild would break the pool
         try:
             pickle.loads(pickle.dumps(err))
@@ -66,9 +68,12 @@ def map_in_workers(job: Callable[[int], T], order: Sequence[int], workers: int) 
                                initargs=(job, os.getpid()),
                                mp_context=multiprocessing.get_context("fork"))
     try:
-        return dict(zip(order, pool.map(_run, order)))
+        return {i: pickle.loads(result) for i, result in zip(order, pool.map(_run, order))}
     except BrokenProcessPool as err:
-        why = f" ({str(err.__cause__).strip().splitlines()[-1]})" if err.__cause__ else ""
+        # the cause's last line that says something (its traceback ends with a quote line)
+        said = [line.strip() for line in str(err.__cause__ or "").splitlines()
+                if line.strip(" '\"")]
+        why = f" ({said[-1]})" if said else ""
         raise XindaError(f"a decode.workers process died{why} (killed, or out of memory?): "
                          f"decode again with fewer than {workers} workers") from None
     finally:
