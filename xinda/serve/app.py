@@ -326,7 +326,7 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
     app.state.service = svc
     install_error_handlers(app)
 
-    @app.get("/health", response_model=Health)
+    @app.api_route("/health", methods=["GET", "HEAD"], response_model=Health)  # HEAD: probes
     async def health() -> dict:
         return {"status": "ok", "models": list(svc.models)}
 
