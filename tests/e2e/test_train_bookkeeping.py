@@ -150,6 +150,29 @@ def test_the_time_budget_counts_the_runs_before_a_resume(prepared, tmp_path):
     assert again.step == first.step
 
 
+@pytest.mark.parametrize(("save_every", "validation"), [(0, "true"), (1, "false")])
+def test_the_last_checkpoint_of_a_run_out_of_time_records_the_time(prepared, tmp_path,
+                                                                  monkeypatch, save_every,
+                                                                  validation):
+    """Before: an epoch's checkpoint (or a save_every one) was written before the time check
+    that followed it, so a budget that ran out while it saved was recorded as not spent, and
+    --resume trained on (the cause of a flaky test). Here saving takes 1 s of a 0.5 s budget."""
+    clock = [0.0]
+    save = Trainer.save
+
+    def slow_save(trainer) -> None:
+        save(trainer)
+        clock[0] += 1.0
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "save", slow_save)
+        patched.setattr(Trainer, "wall_seconds", lambda trainer: clock[0])
+        first = run(prepared, tmp_path, max_seconds=0.5, save_every=save_every,
+                    run_validation=validation)
+    assert newest_progress(tmp_path)["wall_seconds"] >= 0.5
+    again = run(prepared, tmp_path, resume=True, max_seconds=0.5, run_validation=validation)
+    assert again.step == first.step
+
+
 def test_a_fresh_run_drops_the_log_of_a_run_that_failed_before_its_first_checkpoint(
         prepared, tmp_path):
     """Before: the new run's rows were appended to the failed run's."""

@@ -215,7 +215,6 @@ class Trainer:
                 break  # a limit stopped training inside the epoch
             stop = self.end_of_epoch() or stop
             self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
-            stop = stop or self.ranks.any(self.limit_reached())[0]  # the validation's time
         if self.ranks.is_main and p.log_window[2]:  # the updates since the last row (kept in
             self.csv.write_window(p, learning_rate(  # the window: logged again after a resume)
                 tc, p.step, self.model_cfg.model_dim, p.lr_resets))
@@ -268,10 +267,11 @@ class Trainer:
                 if self.ranks.is_main:
                     self.csv.write_window(p, self.lr)
                 window[:] = [0.0, 0.0, 0, 0.0]
+            # the limits first: a checkpoint written after them records the time they saw
+            asked, limit = self.ranks.any(self.signals.received is not None, self.limit_reached())
             if tc.save_every and p.step % tc.save_every == 0:
                 self.save()
             p.train_seconds += time.perf_counter() - t0  # loop wall clock, saving included
-            asked, limit = self.ranks.any(self.signals.received is not None, self.limit_reached())
             if asked or limit:
                 bar.close()
             if limit:  # the run is over: validated and saved as without the signal
@@ -341,11 +341,13 @@ class Trainer:
     def end_of_epoch(self) -> bool:
         """Validate and keep the best weights, then checkpoint at the start of the next epoch
         (validation draws no random numbers, so resuming stays exact). True when early
-        stopping triggers."""
+        stopping triggers, or a limit (the validation's time counted) before the checkpoint,
+        which then records the time spent: a resumed run stops at once."""
         p = self.progress
         # rank 0 validates; the others follow its decision, and fail with its error
         stop = (self.cfg.train.run_validation and self.has_valid
                 and self.ranks.main_only(self.validate_epoch))
+        stop = self.ranks.any(self.limit_reached())[0] or stop
         p.epoch, p.batch, p.validated_step = p.epoch + 1, 0, p.step
         with p.timed():  # the epoch's checkpoint counts as training time, its validation not
             self.save()
