@@ -260,4 +260,4 @@ def test_an_output_folder_rank_0_cannot_make_is_every_ranks_error(uninterrupted,
     assert proc.returncode != 0 and "lost contact" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("xinda: error: ")]
     assert len(errors) == 2 and all(str(out) in e for e in errors), proc.stderr
-    assert f"xinda: error: {out}: Not a directory" in errors
+    assert f"xinda: error: {out}: Not a directory" in errors  # each rank's line whole

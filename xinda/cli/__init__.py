@@ -276,6 +276,13 @@ app.add_typer(export_app, name="export")  # `xinda export ...`: in xinda/export/
 command(export_ctranslate2_command, on=export_app)
 
 
+def _error_line(message: str) -> None:
+    """``xinda: error: MESSAGE`` and its newline in one write (print writes them apart, and
+    the ranks of a torchrun job, sharing stderr, wrote into each other's lines)."""
+    sys.stderr.write(f"xinda: error: {message}\n")
+    sys.stderr.flush()
+
+
 def main() -> None:
     """The ``xinda`` command: a user error is one line ``xinda: error: ...`` on stderr, exit 1
     for bad files and settings, 2 for a command line click cannot parse."""
@@ -287,19 +294,19 @@ def main() -> None:
             err.show()
         else:
             ctx = getattr(err, "ctx", None)
-            print(f"xinda: error: {' '.join(err.format_message().split())} (see "
-                  f"{ctx.command_path if ctx else 'xinda'} --help)", file=sys.stderr)
+            _error_line(f"{' '.join(err.format_message().split())} (see "
+                        f"{ctx.command_path if ctx else 'xinda'} --help)")
         sys.exit(getattr(err, "exit_code", 2))
     except XindaError as err:  # a library's multi-line message joined onto one line
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        print(f"xinda: error: {message}", file=sys.stderr)
+        _error_line(message)
         sys.exit(1)
     except KeyboardInterrupt:
         print("xinda: interrupted", file=sys.stderr)
         sys.exit(130)
     except OSError as err:  # one a command did not name itself (a full disk, a closed pipe)
         where = f"{err.filename}: " if err.filename else ""
-        print(f"xinda: error: {where}{err.strerror or err}", file=sys.stderr)
+        _error_line(f"{where}{err.strerror or err}")
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 
