@@ -326,9 +326,11 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
     app.state.service = svc
     install_error_handlers(app)
 
-    @app.api_route("/health", methods=["GET", "HEAD"], response_model=Health)  # HEAD: probes
+    @app.get("/health", response_model=Health)
     async def health() -> dict:
         return {"status": "ok", "models": list(svc.models)}
+    # load balancers' probes (not in the schema: one operation per path and method there)
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     app.include_router(routes(svc))
     app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes,
