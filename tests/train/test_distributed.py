@@ -283,3 +283,27 @@ def test_checkpoints_without_batches_per_update_fall_back_to_the_saved_config(tm
         check_batches_per_update(tmp_path, old, 1, 1)
     with pytest.raises(XindaError, match="took 3 batches per update, this job 2"):
         check_batches_per_update(tmp_path, {"batches_per_update": 3, **old}, 1, 2)
+
+
+def test_ranks_with_other_prepared_data_are_refused_on_every_rank(monkeypatch, tmp_path):
+    """Before: nothing compared the ranks' data; machines with different copies of data-bin
+    would hang at a collective or train on other data (found by review)."""
+    from xinda.data.manifest import data_fingerprint
+
+    manifest = {"spm": {"src": "spm.model", "tgt": "spm.model"}, "splits": {"train": {"pairs": 3}}}
+    (tmp_path / "spm.model").write_bytes(b"pieces")
+    mine = data_fingerprint(tmp_path, manifest)
+    assert mine == data_fingerprint(tmp_path, dict(reversed(manifest.items())))  # key order
+    other = data_fingerprint(tmp_path, {**manifest, "splits": {"train": {"pairs": 4}}})
+    (tmp_path / "spm.model").write_bytes(b"pieceS")
+    assert len({mine, other, data_fingerprint(tmp_path, manifest)}) == 3
+    for rank in (0, 1, 2):
+        ranks = Ranks(rank=rank, world=3)
+        monkeypatch.setattr(ranks, "gather", lambda value: [value, value, other])
+        monkeypatch.setattr(ranks, "close", lambda: None)
+        with pytest.raises(XindaError, match=f"^rank {rank}: rank\\(s\\) 2 read other "
+                           "prepared data than rank 0"):
+            ranks.check_same(mine, "prepared data")
+        monkeypatch.setattr(ranks, "gather", lambda value: [value] * 3)
+        ranks.check_same(mine, "prepared data")  # the same everywhere: nothing said
+    Ranks().check_same(mine, "prepared data")  # one process

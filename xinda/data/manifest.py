@@ -7,6 +7,7 @@ and the sentencepiece model(s) it names, so ``load_vocabularies`` works on eithe
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,15 @@ def load_manifest(data_dir: str | Path) -> dict:
         raise XindaError(f"{path}: unsupported format_version {version} "
                          f"(expected {FORMAT_VERSION}); re-run xinda prepare")
     return manifest
+
+
+def data_fingerprint(data_dir: str | Path, manifest: dict) -> str:
+    """A digest of a prepared data directory: its manifest (splits, their sizes and token
+    counts, settings) and its sentencepiece model(s)."""
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode())
+    for name in sorted(set(manifest["spm"].values())):
+        digest.update((Path(data_dir) / name).read_bytes())
+    return digest.hexdigest()
 
 
 def load_split(data_dir: str | Path, split: str) -> tuple[TokenArrays, TokenArrays]:

@@ -180,6 +180,15 @@ class Ranks:
         dist.all_gather_object(out, value)
         return out
 
+    def check_same(self, value: str, what: str) -> None:
+        """Refuse, on every rank, a job whose ranks hold another ``value`` than rank 0 (each
+        machine reads its own copy of ``what``: a mismatch would hang or train on other data)."""
+        values = self.gather(value)
+        if other := [r for r, v in enumerate(values) if v != values[0]]:
+            self.close()
+            raise XindaError(f"rank {self.rank}: rank(s) {', '.join(map(str, other))} read other "
+                             f"{what} than rank 0: give every machine the same copy")
+
     def close(self) -> None:
         """Leave the process group together: a rank that tears its gloo connections down
         while another still uses them can abort that one ("terminate called without an

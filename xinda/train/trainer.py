@@ -32,7 +32,7 @@ from tqdm import tqdm
 from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, save_config
 from xinda.data.batching import Batch, collate, make_batches
-from xinda.data.manifest import load_manifest, load_split, load_vocabularies
+from xinda.data.manifest import data_fingerprint, load_manifest, load_split, load_vocabularies
 from xinda.device import pick_precision, tune_training_memory
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
@@ -183,6 +183,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
         with lost_contact(self.ranks.rank), os_errors_named(self.out):
+            self.ranks.check_same(data_fingerprint(self.data_dir, self.manifest), "prepared data")
             self.ranks.main_only(lambda: check_output_dir(self.out, resume, self.cfg,
                                                           self.data_dir, self.manifest))
             if resume:
