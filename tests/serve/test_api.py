@@ -9,6 +9,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
+from xinda.apps.generate import PoemPrompt
 from xinda.decode.translator import Translator
 from xinda.errors import XindaError
 from xinda.serve.app import check_address, create_app
@@ -161,6 +162,22 @@ def test_a_couplet_first_line_longer_than_the_model_reads_is_refused(client, ser
     assert_error(response, 422, "text_too_long", "text[1]", f"at most {limit}",
                  "decode.max_input_len")
     assert post(client, "/v1/couplet", model="couplet", text="春风").status_code == 200
+
+
+def test_poem_keywords_longer_than_the_model_reads_are_refused(client, served_models):
+    """Before: the source was cut to the limit and the poem written without the last
+    keywords, with nothing in the response saying so."""
+    translator = served_models["poetry"].translator
+    limit = translator.source_limit(translator.cfg.decode)
+
+    def size(keyword: str) -> int:
+        return len(translator.source_ids(PoemPrompt((keyword,)).source(), False))
+    longest = max(n for n in range(1, limit + 1) if size("春" * n) <= limit)
+    body = {"model": "poetry", "keywords": ["江月", "春" * longest], "form": 5}
+    assert post(client, "/v1/poem", **{**body, "keywords": body["keywords"][1:]}
+                ).status_code == 200
+    assert_error(post(client, "/v1/poem", **body), 422, "text_too_long", "keywords",
+                 f"at most {limit}")
 
 
 def test_poem_with_keywords_and_acrostic(client):

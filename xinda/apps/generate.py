@@ -43,6 +43,11 @@ class PoemPrompt:
         if not self.keywords and not self.acrostic:
             raise XindaError(f"{where}: give keywords or an acrostic")
 
+    def source(self) -> str:
+        """The source line the model reads: the form word, then the keywords (or, without
+        keywords, the acrostic characters)."""
+        return source_text(self.form, self.keywords or tuple(self.acrostic))
+
 
 def _outputs(results: list[list[Translation]], texts: list[list[str]]) -> list[list[Output]]:
     return [[Output("", float("-inf"), t.error) if t.error else Output(text, t.score)
@@ -135,7 +140,7 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
                         marks.items()})
         lengths.append(length)
         heads.append("".join(table.check(ch, "acrostic character") for ch in prompt.acrostic))
-        sources.append(source_text(prompt.form, prompt.keywords or tuple(prompt.acrostic)))
+        sources.append(prompt.source())
     rules = PoemRules(layouts, lengths, [p.form for p in prompts], heads, table, rhyme=rhyme)
     _room_for(rules, len(prompts), options)
     _beam_search(translator, options, nbest)

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from starlette.routing import Route
 
 from xinda import __version__
-from xinda.apps.generate import PoemPrompt, is_first_line
+from xinda.apps.generate import PoemPrompt, first_line_characters, is_first_line
 from xinda.decode.translator import BEAM_ONLY, SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
@@ -140,19 +140,19 @@ class Service:
                            f"tokens), over the limit of {limit:,}: ask for attention with "
                            "fewer or shorter texts, or lower n_best, samples or exact_length")
 
-    def check_first_lines(self, model: ServedModel, texts: Sequence[str]) -> None:
-        """Refuse a couplet first line longer than the model reads: its source would be cut,
-        and its second line (as long as the first) written from a part of it."""
+    def check_sources(self, model: ServedModel, sources: Sequence[str], what: str) -> None:
+        """Refuse a source longer than the model reads: it would be cut (a couplet's second
+        line, as long as the whole first line, written from a part of it; a poem written
+        without its last keywords). ``what``: how an error names source i."""
         translator = model.translator
         dec = translator.cfg.decode
         limit = translator.source_limit(dec)
-        what = ("decode.max_input_len" if limit == dec.max_input_len
-                else "the model's position table")
-        for i, text in enumerate(texts):
-            if (size := tasks.first_line_tokens(translator, text)) > limit:
-                raise ApiError(422, "text_too_long", f"text[{i}]: a first line of {size} "
-                               f"tokens; the model reads at most {limit} ({what}): send a "
-                               "shorter first line")
+        where = ("decode.max_input_len" if limit == dec.max_input_len
+                 else "the model's position table")
+        for i, source in enumerate(sources):
+            if (size := len(translator.source_ids(source, False))) > limit:
+                raise ApiError(422, "text_too_long", f"{what.format(i=i)} of {size} tokens; "
+                               f"the model reads at most {limit} ({where}): send a shorter one")
 
     async def run(self, request: Request, model: ServedModel, kind: str, options: dict,
                   inputs: Sequence[Any], alone: bool = False) -> list:
@@ -265,7 +265,8 @@ def routes(svc: Service) -> APIRouter:
             if not is_first_line(text):
                 raise ApiError(422, "invalid_request", f"text[{i}]: empty (or invisible "
                                "characters or punctuation only): a couplet needs a first line")
-        await asyncio.to_thread(svc.check_first_lines, model, texts)  # tokenises: off the loop
+        firsts = [first_line_characters(text) for text in texts]  # what write_couplets reads
+        await asyncio.to_thread(svc.check_sources, model, firsts, "text[{i}]: a first line")
         options = {"nbest": req.n_best, "no_copy": req.no_copy, "tone": req.tone}
         outputs = await svc.run(request, model, "couplet", given(options), texts)
         return JSONResponse({"model": model.name, "couplets": [
@@ -282,6 +283,8 @@ def routes(svc: Service) -> APIRouter:
         svc.texts(sent or [""], "keywords", empty_ok=True)  # lengths, by the indices sent
         svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)  # words' count
         prompt.check("poem")
+        await asyncio.to_thread(svc.check_sources, model, [prompt.source()],
+                                "keywords: the source (form word and keywords)")
         options = given({"nbest": req.n_best, "rhyme": req.rhyme})
         [outputs] = await svc.run(request, model, "poem", options, [prompt])
         poems, error = tasks.poem_json(outputs)

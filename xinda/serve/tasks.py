@@ -17,7 +17,6 @@ import torch
 from xinda.apps.generate import (
     Output,
     PoemPrompt,
-    first_line_characters,
     write_couplets,
     write_poems,
 )
@@ -51,12 +50,6 @@ def constraints(translator: Translator, options: dict, inputs: Sequence[Line]
 def couplets(translator: Translator, options: dict, inputs: Sequence[str]) -> list[list[Output]]:
     """``options``: write_couplets keywords (nbest, no_copy, tone)."""
     return write_couplets(translator, inputs, **options)
-
-
-def first_line_tokens(translator: Translator, up: str) -> int:
-    """The source tokens of a couplet's first line, as ``write_couplets`` gives it to the
-    model."""
-    return len(translator.source_ids(first_line_characters(up), False))
 
 
 def poems(translator: Translator, options: dict, inputs: Sequence[PoemPrompt]
