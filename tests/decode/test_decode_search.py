@@ -378,6 +378,19 @@ def test_shared_encoder_output_decodes_as_copied_rows(need_attention, coverage, 
                 torch.testing.assert_close(a.attention, b.attention)
 
 
+
+def test_an_expanded_shared_encoder_output_refuses_an_arbitrary_row_order():
+    """Before: ``reorder`` after ``expand`` gave one memory row per decoder row while the
+    Transformer's cross-attention cache kept one per sentence: the next step failed on a shape
+    (found by review). ``select``, which keeps each sentence's rows together, is the way."""
+    out = SharedEncoderOut(torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.bool))
+    assert out.reorder(torch.tensor([1, 0])).memory.size(0) == 2  # before expand: one per row
+    expanded = out.expand(2)
+    with pytest.raises(ValueError, match="select"):
+        expanded.reorder(torch.tensor([2, 3, 0, 1]))
+    kept = expanded.select(torch.tensor([2, 3, 2, 2]), 2)  # sentence 1's rows, twice
+    torch.testing.assert_close(kept.memory, out.memory[[1, 1]])
+
 # --- stopping a search from outside (a server's timed-out requests) -----------------------
 
 @pytest.mark.parametrize("search", ["greedy", "beam", "sample"])

@@ -68,9 +68,11 @@ class SharedEncoderOut(EncoderOut):
     group: int = 1  # decoder rows per sentence: row r reads sentence r // group
 
     def reorder(self, order: Tensor) -> EncoderOut:
-        sentences = order // self.group
-        return EncoderOut(self.memory.index_select(0, sentences),
-                          self.src_pad.index_select(0, sentences))
+        """Only before ``expand``: the decoder's cross-attention cache keeps one row per
+        sentence, which an arbitrary row order would not match (``select`` keeps groups)."""
+        if self.group > 1:
+            raise ValueError("an expanded shared encoder output is reordered with select")
+        return EncoderOut(self.memory.index_select(0, order), self.src_pad.index_select(0, order))
 
     def expand(self, k: int) -> SharedEncoderOut:
         return SharedEncoderOut(self.memory, self.src_pad, self.group * k)
