@@ -33,19 +33,24 @@ _IN_WORD_QUOTES = "'’"  # apostrophes between letters
 # detokenising need not guess whether a space was there: "www.google.com", "a_b@c.com",
 # "10:30", "1,000", "3.5", "don't", "R&D", "and/or" (not "ok. then", "1, 2").
 _LATIN = "0-9A-Za-z_\u00c0-\u024f\u0370-\u04ff"  # ASCII, Latin-1 and Extended, Greek, Cyrillic
-_JIEBA_KEEP = re.compile(f"[{_LATIN}]+(?:[.,:@&/'’][{_LATIN}]+)+")
+_JIEBA_KEEP = re.compile(f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’][{_LATIN}]+)+")
 # Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times, ratios
 # and ranges ("10:30:45" would come back as "10:30: 45", "9:00–10:00" as "9:00 – 10:00")
 # and, where sacremoses has no apostrophe rules, clitics ("geht's" would come back as
 # "geht 's", read as an opening quote).
-_MOSES_KEEP_TIMES = r"\d+(?:[:–]\d+)+"
+_MOSES_KEEP_TIMES = r"(?<!\d)\d+(?:[:–]\d+)+"
 _MOSES_KEEP_CLITICS = r"(?<![\w'])[^\W\d_]+'(?:s|t|d|m|ll|re|ve)\b"
 # The typographic apostrophe and single quotes, which no sacremoses rule knows, stay on the
 # letters they touch ("geht’s", "l’homme", "hab’", "‘Hello’" would come back as "geht ’ s"...).
-_MOSES_KEEP_CURLY = r"[‘’][^\W\d_]+(?:’[^\W\d_]*)*|[^\W\d_]+(?:’[^\W\d_]*)+"
-# "R&D", "and/or", "info@acme.com", "1/2", "50,000/L" stay whole (they would come back as
-# "R & D"..., and "50, 000/L": a match starting after the comma would split it off).
-_MOSES_KEEP_IN_WORD = r"(?:\d+(?:[.,]\d+)+|\w+)(?:[&/@]\w+)+"
+_MOSES_KEEP_CURLY = r"[‘’][^\W\d_]+(?:’[^\W\d_]*)*|(?<![^\W\d_])[^\W\d_]+(?:’[^\W\d_]*)+"
+# "R&D", "and/or", "info@acme.com", "1/2", "50,000/L", "snake_case" stay whole (they would
+# come back as "R & D"..., and "50, 000/L": a match starting after the comma would split it).
+_MOSES_KEEP_IN_WORD = r"(?:(?<!\d)\d+(?:[.,]\d+)+|(?<!\w)\w+)(?:[&/@_]\w+)+"
+# Hashtags, mentions and numbers ("#2", "@user") and "C++", "C#" (they came back as "# 2"...).
+_MOSES_KEEP_SIGNS = r"(?<!\w)[#@]\w+|(?<!\w)\w+(?:\+\+|#)(?![\w+#])"
+# The patterns' leading runs are anchored by look-behinds: a match from inside a run would end
+# where one from its start ends, and without the anchor the search retried from every
+# character of the run, quadratic in its length (16,000 letters took 20 s).
 _MOSES_APOSTROPHE_LANGS = ("en", "fr", "it")
 # Quotation marks the detokeniser does not pair, given to it as ones it pairs (by parity) and
 # put back after: "”" as '"' (with "„", "“", '"': “yes”, „ja“, ”ja”) and, but in French,
@@ -71,8 +76,9 @@ def _moses_tokenizer(lang: str):
 @cache
 def _moses_protected(lang: str) -> tuple[str, ...]:
     if lang in _MOSES_APOSTROPHE_LANGS:
-        return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD)
-    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD)
+        return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD, _MOSES_KEEP_SIGNS)
+    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD,
+            _MOSES_KEEP_SIGNS)
 
 
 @cache
@@ -114,8 +120,9 @@ def moses_tokenize(line: str, lang: str) -> str:
     clitics...) than sacremoses allows is tokenised in windows of whole words."""
     tokenizer = _moses_tokenizer(lang)
     limit = getattr(tokenizer, "MAX_PROTECTED_TOKENS", 1000)  # (older ones garble 1000 and up)
-    # each pattern's matches take 2+ characters: 4 patterns find at most 2 * len(line)
-    windows = [(line, _protected_count(line, lang) if 2 * len(line) > limit else 0)]
+    # each pattern's matches take 2+ characters: a pattern finds at most len(line) / 2
+    most = len(_moses_protected(lang)) * len(line) // 2
+    windows = [(line, _protected_count(line, lang) if most > limit else 0)]
     if windows[0][1] > limit:
         words = line.split(" ")
         windows = _moses_windows(words, [_protected_count(w, lang) for w in words], limit)
