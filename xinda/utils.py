@@ -188,12 +188,13 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
 
     A stream that fails while being read (truncated or corrupt gzip, I/O error) raises
     XindaError, never EOFError: the CLI framework would turn that into a bare "Aborted!".
-    A UTF-8 byte-order mark at the start of the stream is dropped. A first line of 4 or more
-    bytes with a NUL byte at every other position is an error: UTF-16 without a byte-order
-    mark, which decodes as valid UTF-8 where it writes Latin letters. (A stray NUL elsewhere is
-    a control character, cleaned or dropped like the others.)
+    A UTF-8 byte-order mark at the start of the stream is dropped. The first line of 4 or more
+    bytes (line 1, or a later one after shorter lines) with a NUL byte at every other position
+    is an error: UTF-16 without a byte-order mark, which decodes as valid UTF-8 where it writes
+    Latin letters. (A stray NUL elsewhere is a control character, cleaned or dropped like the
+    others.)
     """
-    lines, lineno = iter(stream), 0
+    lines, lineno, checked = iter(stream), 0, False
     while True:
         try:
             raw = next(lines)
@@ -208,9 +209,12 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
             bad = raw[err.start:err.start + 1]
             raise XindaError(f"{name}:{lineno}: invalid UTF-8 (byte {err.start}: {bad!r})"
                              ) from None
-        if lineno == 1 and looks_utf16(raw):
-            raise XindaError(f"{name}:1: NUL bytes at every other position: UTF-16 text? "
-                             "(convert it to UTF-8, e.g. with iconv -f UTF-16LE -t UTF-8)")
+        if not checked and len(raw.rstrip(b"\r\n")) >= 4:  # the first line long enough
+            checked = True
+            if looks_utf16(raw):
+                raise XindaError(f"{name}:{lineno}: NUL bytes at every other position: UTF-16 "
+                                 "text? (convert it to UTF-8, e.g. with iconv -f UTF-16LE -t "
+                                 "UTF-8)")
         if lineno == 1:
             line = line.removeprefix("\ufeff")  # byte-order mark
         yield line.rstrip("\r\n")

@@ -311,6 +311,10 @@ def test_a_utf16_file_is_an_error_not_garbage(tmp_path):
     assert message == (f"{valid}.en:1: NUL bytes at every other position: UTF-16 text? "
                        "(convert it to UTF-8, e.g. with iconv -f UTF-16LE -t UTF-8)")
     assert "UTF-16" in error_of(decode_lines, "ok\n".encode("utf-16-be"))
+    # before: a short line 1 hid the rest: read as spaced-out garbage (found by review)
+    for first in ("1", "", "\r"):
+        message = error_of(decode_lines, f"{first}\nTree a small\n".encode("utf-16-le"))
+        assert message.startswith("x.txt:2: NUL bytes") and "UTF-16" in message, message
     # a stray NUL is a control character, as before (cleaned or dropped by the readers)
     assert list(decode_lines(io.BytesIO(b"a\x00b\nnot\x00ok\n"), "x.txt")) == ["a\x00b",
                                                                                 "not\x00ok"]
