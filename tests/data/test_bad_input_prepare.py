@@ -385,6 +385,37 @@ def test_a_rerun_replaces_the_dataset_whole(tmp_path):
     assert not list((tmp_path / "bin").glob(".*"))  # no staging folder left
 
 
+def test_a_rerun_removes_the_staging_folder_of_a_killed_run(tmp_path):
+    """Before: a run killed by SIGKILL or the OOM killer (no cleanup runs) left its staging
+    folder, as large as the corpus, hidden in data.out_dir for good (found by review)."""
+    train = corpus(tmp_path, "train", lines(200), lines(200, 1))
+    left = tmp_path / "bin" / ".staging-killed"
+    (left / ".spool-1").mkdir(parents=True)
+    (left / ".spool-1" / "train.pkl").write_bytes(b"x" * 1000)
+    prepare(config(tmp_path, train=train), log=lambda _: None)
+    assert not list((tmp_path / "bin").glob(".*"))
+
+
+def test_a_second_prepare_into_a_folder_being_written_is_refused(tmp_path):
+    """Two prepares into one folder would replace each other's files; the second stops with a
+    one-line error and leaves the folder as it was."""
+    import fcntl
+
+    from xinda.data.prepare import LOCK
+
+    train = corpus(tmp_path, "train", lines(200), lines(200, 1))
+    prepare(config(tmp_path, train=train), log=lambda _: None)
+    before = dataset_files(tmp_path / "bin")
+    with open(tmp_path / "bin" / LOCK, "a") as held:  # as a running prepare holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        message = prepare_error(config(tmp_path, train=train, seed=2))
+        assert message.startswith(f"{tmp_path / 'bin'}: another xinda prepare is writing")
+        assert dataset_files(tmp_path / "bin") == before | {LOCK: b""}
+    (tmp_path / "bin" / LOCK).unlink()
+    prepare(config(tmp_path, train=train, seed=2), log=lambda _: None)
+    assert dataset_files(tmp_path / "bin").keys() == before.keys()
+
+
 def test_a_rerun_removes_the_files_the_new_dataset_does_not_have(tmp_path):
     """Before: a test set dropped and separate vocabularies instead of a joint one left x.*
     and spm.model behind, and load_split still read x with the old vocabulary."""

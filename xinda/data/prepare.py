@@ -45,10 +45,12 @@ small and read whole. The output does not depend on ``data.chunk_size`` or ``dat
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -88,6 +90,7 @@ from xinda.utils import (
     write_errors,
 )
 
+LOCK = ".prepare.lock"  # held in data.out_dir while a prepare writes it
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -246,18 +249,42 @@ def _binarise_eval_split(split: str, raw: Pair, pipes: dict[str, TextPipeline],
 def _staging_dir(out_dir: Path) -> Iterator[Path]:
     """A temporary folder inside ``out_dir`` (on the output's disk, not in a memory-backed
     /tmp) where the new dataset is built; gone afterwards. On failure ``out_dir`` keeps what it
-    held (and goes again if this made it and nothing else is in it)."""
+    held (and goes again if this made it and nothing else is in it). ``out_dir`` is locked
+    meanwhile: a second prepare into it is refused, and the staging folders found there were
+    left by a killed run (SIGKILL, the OOM killer) and are removed."""
     made = not out_dir.exists()
     with write_errors(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
         check_writable(out_dir, folder=True)
     try:
-        with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
-            yield Path(tmp)
+        with _locked(out_dir / LOCK):
+            for left in out_dir.glob(".staging-*"):
+                shutil.rmtree(left, ignore_errors=True)
+            with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
+                yield Path(tmp)
     except BaseException:
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file ``path`` while in the block (the file is made, and
+    removed after); a XindaError if another process holds it."""
+    with write_errors(path):
+        handle = open(path, "a")  # noqa: SIM115 - closed below, after the unlink
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise XindaError(f"{path.parent}: another xinda prepare is writing this folder "
+                             f"(it holds {path.name}); wait for it or choose another "
+                             "data.out_dir") from None
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
 
 
 def _publish(stage: Path, out_dir: Path) -> None:
