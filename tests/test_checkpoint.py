@@ -44,6 +44,26 @@ def test_keep_last_deletes_older_checkpoints_with_their_states(tmp_path):
         "step_0000004.safetensors", "step_0000004.state.json", "step_0000004.state.safetensors"]
 
 
+def test_a_corrupt_newer_checkpoint_does_not_take_a_kept_place(tmp_path):
+    """Resuming passes over a corrupt newest checkpoint (checksums) and goes on from an older
+    step. Before: pruning (sizes only) counted the corrupt one as the newest, and with
+    keep_last 1 deleted every checkpoint the resumed run wrote (found by review)."""
+    model = torch.nn.Linear(2, 2)
+    for step in (5, 10):
+        save_checkpoint(tmp_path, step, model, {}, keep_last=2)
+    newest = tmp_path / "checkpoints" / "step_0000010.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 1  # same size, another checksum
+    newest.write_bytes(bytes(data))
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000005.safetensors"]
+    for step in (6, 7):  # the resumed run
+        save_checkpoint(tmp_path, step, model, {}, keep_last=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000007.safetensors"]
+    save_checkpoint(tmp_path, 11, model, {}, keep_last=1)  # passed: the corrupt one goes
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_0000011.safetensors", "step_0000011.state.json", "step_0000011.state.safetensors"]
+
+
 def test_a_newer_format_asks_for_a_newer_xinda():
     with pytest.raises(XindaError, match=rf"format {FORMAT_VERSION + 1} is newer .* upgrade xinda"):
         check_format({"format_version": FORMAT_VERSION + 1}, Path("x.state.json"))

@@ -178,10 +178,10 @@ def join_state(document, tensors: dict[str, torch.Tensor], where: Path):
 def save_checkpoint(model_dir: str | Path, step: int, model: torch.nn.Module,
                     state: dict, keep_last: int) -> Path:
     """Write the weights, the state's tensors, then its JSON document (with the checksums of
-    both) for ``step``; delete all but the newest ``keep_last`` checkpoints. Returns the weights'
-    path. If writing fails, the files of a new step written so far are removed again; a step
-    saved a second time (an epoch's end on a ``save_every`` step) is written aside and swapped
-    in only when complete, so a failure keeps the first save."""
+    both) for ``step``; delete all but the newest ``keep_last`` checkpoints up to ``step``.
+    Returns the weights' path. If writing fails, the files of a new step written so far are
+    removed again; a step saved a second time (an epoch's end on a ``save_every`` step) is
+    written aside and swapped in only when complete, so a failure keeps the first save."""
     folder = checkpoint_dir(model_dir)
     weights = folder / f"step_{step:07d}.safetensors"
     if state_json(weights).exists():
@@ -194,7 +194,10 @@ def save_checkpoint(model_dir: str | Path, step: int, model: torch.nn.Module,
                 with contextlib.suppress(OSError):
                     path.unlink(missing_ok=True)
             raise
-    for old in list_checkpoints(model_dir, verify=False)[:-keep_last]:
+    # ranked among the steps up to this one: a newer one is a corrupt one that resuming
+    # passed over, and must not take a place of the kept (it goes once the run passes it)
+    done = [c for c in list_checkpoints(model_dir, verify=False) if _step_of(c) <= step]
+    for old in done[:-keep_last]:
         for path in (state_json(old), state_tensors(old), old):  # the commit mark first
             path.unlink(missing_ok=True)
     return weights
@@ -271,7 +274,11 @@ def list_checkpoints(model_dir: str | Path, verify: bool = True) -> list[Path]:
         elif f"{weights}: {problem}" not in _warned:
             _warned.add(f"{weights}: {problem}")
             log.warning("skipping incomplete checkpoint %s: %s", weights, problem)
-    return sorted(found, key=lambda p: int(_STEP.fullmatch(p.name).group(1)))
+    return sorted(found, key=_step_of)
+
+
+def _step_of(weights: Path) -> int:
+    return int(_STEP.fullmatch(weights.name).group(1))
 
 
 def load_state(weights: Path) -> dict:
