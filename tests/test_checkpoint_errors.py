@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,3 +165,28 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     folder = tmp_path / "checkpoints"
     assert load_state(folder / "step_0000002.safetensors")["progress"] == {"step": 2, "epoch": 1}
     assert len(list_checkpoints(tmp_path)) == 2 and len(list(folder.iterdir())) == 6
+
+
+def test_ctrl_c_during_a_resave_swap_waits_for_it(tmp_path, monkeypatch):
+    """A step saved a second time is moved in by three renames after the old commit mark goes.
+    Before: a Ctrl-C between them left neither save, and removed the staged one too (found by
+    review). Now the interrupt takes effect once the new save is whole."""
+    import signal
+
+    model = saved_twice(tmp_path)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        if Path(dst).parent == tmp_path / "checkpoints":  # a rename of the swap
+            calls.append(dst)
+            if len(calls) == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # as a second Ctrl-C would, mid-swap
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 2, model, {"progress": {"step": 2, "epoch": 1}}, keep_last=5)
+    monkeypatch.undo()
+    assert len(calls) == 3
+    assert load_state(tmp_path / "checkpoints" / "step_0000002.safetensors")["progress"] == {
+        "step": 2, "epoch": 1}

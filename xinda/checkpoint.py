@@ -52,7 +52,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from xinda.errors import XindaError
-from xinda.utils import atomic_save
+from xinda.utils import atomic_save, interrupts_deferred
 
 FORMAT_VERSION = 2
 _STEP = re.compile(r"step_(\d+)\.safetensors")
@@ -218,7 +218,8 @@ def _write_checkpoint(weights: Path, step: int, model: torch.nn.Module, state: d
 def _resave(weights: Path, step: int, model: torch.nn.Module, state: dict) -> None:
     """Save over the complete checkpoint ``weights``: all three files are written in a staging
     folder first, then moved in by three renames with the old commit mark removed before them,
-    so that a full disk or a crash while writing leaves the old checkpoint whole."""
+    so that a full disk or a crash while writing leaves the old checkpoint whole. Ctrl-C and
+    SIGTERM wait for the renames; a SIGKILL or power cut between them loses this step's."""
     staging = weights.parent / f".{weights.stem}.resave"
     shutil.rmtree(staging, ignore_errors=True)  # left by a crash
     try:
@@ -226,9 +227,10 @@ def _resave(weights: Path, step: int, model: torch.nn.Module, state: dict) -> No
             _write_checkpoint(staging / weights.name, step, model, state)
         except XindaError as err:  # name the checkpoint's own file
             raise XindaError(str(err).replace(str(staging), str(weights.parent))) from None
-        state_json(weights).unlink()
-        for name in (weights, state_tensors(weights), state_json(weights)):
-            os.replace(staging / name.name, name)
+        with interrupts_deferred():  # a second Ctrl-C, or SIGTERM, waits for the swap
+            state_json(weights).unlink()
+            for name in (weights, state_tensors(weights), state_json(weights)):
+                os.replace(staging / name.name, name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
