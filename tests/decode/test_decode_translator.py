@@ -218,6 +218,20 @@ def test_a_prefix_the_target_vocabulary_cannot_write_is_refused(translator):
     assert prefix.prefixes == [[tr.tgt_vocab.unk]]  # asked for by name
 
 
+@pytest.mark.parametrize("control", ["<pad>", "<s>", "</s>"])
+def test_control_pieces_in_pieces_input_or_prefixes_are_refused(translator, control):
+    """Before: "<pad>" in a source of pieces was read as padding (an RNN encoder then dropped
+    the real EOS), and "</s>" as a prefix found no output, exit 0 (found by review)."""
+    tr = translator(TRANSFORMER)
+    with pytest.raises(XindaError, match=f"^line 2: '{control}' is a control piece"):
+        tr.translate(["\u2581house", f"\u2581house {control}"], input_format="pieces")
+    with pytest.raises(XindaError, match=f"^prefix 1: '{control}' is a control piece"):
+        tr.constraints_for(["a"], prefixes=[control], input_format="pieces")
+    with pytest.raises(XindaError, match=f"^line 1: '{control}' is a control piece"):
+        tr.constraints_for([control], ban_source_copy=True, input_format="pieces")
+    assert tr.translate(["\u2581house"], input_format="pieces")  # pieces as before
+
+
 def test_unk_itself_can_be_banned(translator):
     """Before: '<unk>' was refused as 'not one target piece'."""
     tr = translator(TRANSFORMER)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from xinda.errors import XindaError
+
 WORD_START = "\u2581"  # sentencepiece's "▁": the piece starts a word
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}  # sentencepiece trainer args
 
@@ -60,6 +62,17 @@ class Vocab:
 
     def pieces_to_ids(self, pieces: list[str]) -> list[int]:
         return [self.sp.piece_to_id(p) for p in pieces]
+
+    def line_to_ids(self, line: str, where: str) -> list[int]:
+        """The ids of a line of space-separated pieces (input given as pieces); a control piece
+        (``<pad>``, ``<s>``, ``</s>``: the search places them itself) is a XindaError naming
+        ``where``."""
+        pieces = line.split()
+        ids = self.pieces_to_ids(pieces)
+        if control := [p for p, i in zip(pieces, ids) if i in self._specials]:
+            raise XindaError(f"{where}: {control[0]!r} is a control piece of the search, not a "
+                             "piece of the text")
+        return ids
 
     def ids_to_pieces(self, ids: list[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids if i not in self._specials]

@@ -100,10 +100,10 @@ class Translator:
         model = models[0] if len(models) == 1 else Ensemble(models)
         return cls(model.to(device), cfg, vocabs[0])
 
-    def source_ids(self, line: str, pieces_in: bool) -> list[int]:
+    def source_ids(self, line: str, pieces_in: bool, where: str = "input") -> list[int]:
         """One input line -> its source ids (no EOS, not truncated)."""
         if pieces_in:
-            return self.src_vocab.pieces_to_ids(line.split())
+            return self.src_vocab.line_to_ids(line, where)
         text = self.src_text.preprocess(line)
         return self.src_vocab.encode(text) if text else []
 
@@ -112,12 +112,12 @@ class Translator:
         than the model's position table (an ensemble's smallest) holds with the EOS."""
         return min(dec.max_input_len, self.model.cfg.max_positions - 1)
 
-    def encode_source(self, line: str, pieces_in: bool,
-                      limit: int | None = None) -> list[int] | None:
+    def encode_source(self, line: str, pieces_in: bool, limit: int | None = None,
+                      where: str = "input") -> list[int] | None:
         """One input line -> source ids + EOS, truncated to ``limit`` tokens (default
         ``source_limit`` of the model's decode settings); None for a line with nothing left to
         translate after cleaning (blank, or control characters only)."""
-        ids = self.source_ids(line, pieces_in)
+        ids = self.source_ids(line, pieces_in, where)
         if not ids:
             return None
         limit = limit or self.source_limit(self.cfg.decode)
@@ -147,7 +147,8 @@ class Translator:
         check_sampling_options(options, dec, sampler)
         sampling = sampler or SamplingConfig.from_decode(dec)
         limit = self.source_limit(dec)
-        sources = [self.encode_source(line, pieces_in, limit) for line in lines]
+        sources = [self.encode_source(line, pieces_in, limit, f"line {i}")
+                   for i, line in enumerate(lines, start=1)]
         results: list[list[Translation]] = [[] for _ in lines]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         generator = None if sampling is None else sampling.generator(self.device)
@@ -273,7 +274,8 @@ class Translator:
         if ban_source_copy:
             # every source token, also past a cut (translate's limit may differ from
             # this config's): at worst a token the decoder did not see is banned too
-            sources = [self.source_ids(line, input_format == "pieces") for line in lines]
+            sources = [self.source_ids(line, input_format == "pieces", f"line {i}")
+                       for i, line in enumerate(lines, start=1)]
             copies = [self.copy_ids(self.src_vocab.ids_to_pieces(s)) for s in sources]
             out.append(BanSourceTokens(copies, self.model.vocab))
         if exact_length is not None:
@@ -287,7 +289,7 @@ class Translator:
     def _prefix_ids(self, where: str, prefix: str, pieces_in: bool) -> list[int]:
         """A target prefix's ids; one the target vocabulary cannot write (it would force
         ``<unk>`` where it was not asked for by name) is a XindaError naming what it lacks."""
-        ids, unk = self.encode_target(prefix, pieces_in), self.tgt_vocab.unk
+        ids, unk = self.encode_target(prefix, pieces_in, where), self.tgt_vocab.unk
         if unk not in ids:
             return ids
         named = self.tgt_vocab.ids_to_pieces([unk])[0]
@@ -300,10 +302,11 @@ class Translator:
                              "vocabulary (the output would start with <unk>)")
         return ids
 
-    def encode_target(self, line: str, pieces_in: bool = False) -> list[int]:
+    def encode_target(self, line: str, pieces_in: bool = False, where: str = "target"
+                      ) -> list[int]:
         """Target-side text (or pieces) -> target ids, without BOS/EOS."""
         if pieces_in:
-            return self.tgt_vocab.pieces_to_ids(line.split())
+            return self.tgt_vocab.line_to_ids(line, where)
         text = self.tgt_text.preprocess(line)
         return self.tgt_vocab.encode(text) if text else []
 
