@@ -8,8 +8,15 @@ import torch
 import torch.nn.functional as F
 
 from xinda.config import TrainConfig
+from xinda.errors import XindaError
 from xinda.train.loss import label_smoothed_nll
-from xinda.train.schedule import learning_rate, make_optimizer, set_lr
+from xinda.train.schedule import (
+    MIN_LOSS_SCALE,
+    learning_rate,
+    make_optimizer,
+    optimizer_step,
+    set_lr,
+)
 
 PAD = 0
 LOGITS = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]]  # (1, 2, 4) once wrapped
@@ -205,6 +212,26 @@ def test_min_lr_floor(schedule):
 
 
 # --- optimiser helpers ----------------------------------------------------------------------
+
+def test_fp16_overflowing_at_every_update_stops_at_the_minimum_loss_scale():
+    """Each overflow skips the update and halves the scale. Before: an fp16 loss that is never
+    finite skipped every update, silently, to the end of training (found by review)."""
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4 * MIN_LOSS_SCALE)
+    scaler.scale(torch.ones(()))  # as a backward pass scales its loss
+    weight.grad = torch.tensor([1.0, 1.0])
+    optimizer_step(optimizer, scaler, 1)  # finite: the step is taken
+    assert weight.tolist() == pytest.approx([1 - 0.1 / (4 * MIN_LOSS_SCALE)] * 2)
+    before = weight.detach().clone()
+    for update in (2, 3):  # scale 2x, then 1x the minimum: skipped, no error yet
+        weight.grad = torch.tensor([math.inf, 1.0])
+        optimizer_step(optimizer, scaler, update)
+    weight.grad = torch.tensor([math.inf, 1.0])
+    with pytest.raises(XindaError, match="^update 4: fp16 overflowed at every update down to"):
+        optimizer_step(optimizer, scaler, 4)
+    assert torch.equal(weight.detach(), before)
+
 
 def test_set_lr_updates_every_group_and_frozen_params_are_skipped():
     torch.manual_seed(3)

@@ -8,6 +8,11 @@ from collections.abc import Sequence
 import torch
 
 from xinda.config import TrainConfig
+from xinda.errors import XindaError
+
+# About fairseq's --min-loss-scale 1e-4 (a power of two, as the scales are): an fp16 scale
+# halved below it by overflow after overflow means the loss itself is not finite in fp16
+MIN_LOSS_SCALE = 2.0**-13
 
 
 def learning_rate(cfg: TrainConfig, step: int, d_model: int,
@@ -59,3 +64,17 @@ def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                   update: int) -> None:
+    """Update ``update``'s step through the loss scaler (fp16; a no-op one otherwise), which
+    skips an update whose gradients overflow and halves its scale: a scale below
+    ``MIN_LOSS_SCALE`` is a XindaError (before, the updates were skipped silently forever)."""
+    scaler.step(optimizer)
+    scaler.update()
+    if scaler.is_enabled() and (scale := scaler.get_scale()) < MIN_LOSS_SCALE:
+        raise XindaError(f"update {update}: fp16 overflowed at every update down to loss "
+                         f"scale {scale:.3g}: the loss is not finite in fp16 (the training "
+                         "diverged); lower train.lr, set train.clip_norm, or use precision "
+                         "bf16 or fp32")

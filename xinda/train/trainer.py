@@ -50,7 +50,7 @@ from xinda.train.run_dir import (
     warn_oversized,
     write_stats,
 )
-from xinda.train.schedule import learning_rate, make_optimizer, set_lr
+from xinda.train.schedule import learning_rate, make_optimizer, optimizer_step, set_lr
 from xinda.train.signals import StopSignals
 from xinda.utils import atomic_path, os_errors_named
 
@@ -328,8 +328,7 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         if tc.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        optimizer_step(self.optimizer, self.scaler, self.progress.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
         return loss_sum, nll_sum, ntokens
