@@ -198,12 +198,13 @@ def test_constant_schedule():
 @pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "step", "constant"])
 def test_min_lr_floor(schedule):
     decay = {"decay_every": 10} if schedule == "step" else {}
-    c = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, min_lr=1e-4, **decay)
+    lr = 2.0 if schedule == "noam" else 5e-4  # noam's lr scales d^-0.5: its peak is 2.8e-3
+    c = cfg(schedule=schedule, lr=lr, warmup_steps=1000, min_lr=1e-4, **decay)
     for step in (1000, 1001, 10**5, 10**7):
         assert learning_rate(c, step, 512) >= 1e-4
     # the warm-up still rises from near 0 (before: the floor lifted its first 200 updates
     # to min_lr, found by review)
-    unfloored = cfg(schedule=schedule, lr=5e-4, warmup_steps=1000, **decay)
+    unfloored = cfg(schedule=schedule, lr=lr, warmup_steps=1000, **decay)
     for step in (1, 2, 10, 999):
         assert learning_rate(c, step, 512) == learning_rate(unfloored, step, 512)
     assert learning_rate(c, 1, 512) < 1e-5
@@ -231,6 +232,17 @@ def test_fp16_overflowing_at_every_update_stops_at_the_minimum_loss_scale():
     with pytest.raises(XindaError, match="^update 4: fp16 overflowed at every update down to"):
         optimizer_step(optimizer, scaler, 4)
     assert torch.equal(weight.detach(), before)
+
+
+def test_noam_refuses_a_min_lr_above_its_peak():
+    """Before: lr 2, d 512, warm-up 8000 peaks at 9.9e-4, and min_lr 1e-3 made the rate jump
+    up at update 8000 and never decay, silently (found by review; noam's peak needs d_model,
+    which the train section does not know)."""
+    cfg = TrainConfig(schedule="noam", lr=2.0, warmup_steps=8000, min_lr=1e-3)
+    with pytest.raises(XindaError, match=r"min_lr 0.001 is above noam's peak rate 0.000988"):
+        learning_rate(cfg, 1, 512)
+    ok = TrainConfig(schedule="noam", lr=2.0, warmup_steps=8000, min_lr=9e-4)
+    assert learning_rate(ok, 20000, 512) == pytest.approx(9e-4)
 
 
 def test_set_lr_updates_every_group_and_frozen_params_are_skipped():

@@ -39,7 +39,12 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
         # Learning-rate restart of shallow-to-deep training (Li et al. 2020)
         step = step - last - 1 + max(warm, 1)
     if cfg.schedule == "noam":
-        rate = cfg.lr * d_model**-0.5 * min(step**-0.5, step * max(warm, 1) ** -1.5)
+        scale = cfg.lr * d_model**-0.5
+        if cfg.min_lr > (peak := scale * max(warm, 1) ** -0.5):  # (config.py checks the others)
+            raise XindaError(f"train.min_lr {cfg.min_lr:g} is above noam's peak rate {peak:.3g} "
+                             f"(lr x d_model^-0.5 x warmup_steps^-0.5, d_model {d_model}): the "
+                             "rate would jump up after the warm-up")
+        rate = scale * min(step**-0.5, step * max(warm, 1) ** -1.5)
     else:
         warmup = step / warm if warm and step < warm else 1.0
         if cfg.schedule == "inverse_sqrt":
