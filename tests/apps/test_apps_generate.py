@@ -300,6 +300,22 @@ def test_a_character_is_written_one_way_only():
     assert allowed_after(poem, []) == {10, 11, 5} and allowed_after(poem, [5]) == {21}
 
 
+def test_with_rhyme_line_2_ends_on_a_character_with_a_rhyme_group():
+    """Form 1, four lines: 江 and 光 rhyme (唐), 雪 is another group, 𫐌 has no reading in
+    pypinyin. Before: line 2 could end on 𫐌, and line 4 was then free (a poem the rhyme
+    metric counts as not rhyming; 121 such characters are in the quatrains; found by review)."""
+    from xinda.apps.rules import CharacterTable, PoemRules
+
+    one = {"江": 10, "光": 11, "雪": 12, "𫐌": 13, "，": 14, "。": 15}
+    table = CharacterTable(one, {}, 5, 3, {v: k for k, v in one.items()}, {})
+    layout = {1: "，", 3: "。", 5: "，", 7: "。"}
+    rule = PoemRules([layout], [8], [1], [""], table, rhyme=True)
+    assert allowed_after(rule, [13, 14]) == {10, 11, 12}  # line 2: not 𫐌
+    assert allowed_after(rule, [13, 14, 10, 15, 12, 14]) == {10, 11}  # line 4 rhymes with 江
+    free = PoemRules([layout], [8], [1], [""], table)
+    assert allowed_after(free, [13, 14]) == {10, 11, 12, 13}
+
+
 def test_the_tone_rule_takes_written_characters_off_the_level_ones():
     import torch
 

@@ -274,7 +274,7 @@ class PoemRules(CharacterRule):
     """Poems of ``lengths[s]`` characters in lines of ``forms[s]``: the marks of
     ``layouts[s]`` (position -> mark) at their positions, Han characters elsewhere,
     ``heads[s]`` (the acrostic, or "") at the line starts, and with ``rhyme`` the last
-    character of line 4 in the rhyme group of line 2's."""
+    character of line 4 in the rhyme group of line 2's (which must have one)."""
 
     def __init__(self, layouts: Sequence[dict[int, str]], lengths: Sequence[int],
                  forms: Sequence[int], heads: Sequence[str], table: CharacterTable,
@@ -287,6 +287,8 @@ class PoemRules(CharacterRule):
             if is_han(ch):
                 groups.setdefault(rhyme_group(ch), set()).add(ch)
         self.groups = {group: frozenset(chars) for group, chars in groups.items()}
+        # line 2's last character needs a rhyme group (pypinyin lacks a reading of some)
+        self.rhymable = frozenset().union(*(c for g, c in self.groups.items() if g is not None))
 
     def chars(self, sentence: int) -> int:
         return self.lengths[sentence]
@@ -298,8 +300,9 @@ class PoemRules(CharacterRule):
             return {self.layouts[sentence][i]}
         if column == 0 and line < len(self.heads[sentence]):
             return {self.heads[sentence][line]}
+        if self.rhyme and line == 1 and column == form - 1:
+            return Pool(self.rhymable)
         if self.rhyme and line == 3 and column == form - 1:
             group = rhyme_group(written[2 * form])  # line 2's last character
-            chars = self.groups.get(group) if group is not None else None
-            return None if chars is None else Pool(chars)
+            return Pool(self.groups[group])
         return None
