@@ -20,6 +20,7 @@ from xinda.errors import XindaError
 from xinda.evaluate.generation import (
     is_punctuation,
     poem_layout_ok,
+    poem_lines,
     repetition_pattern,
     rhymes,
     tone_rule_rate,
@@ -95,6 +96,22 @@ def test_every_second_line_obeys_the_couplet_rules(translator, ups, no_copy, ton
             if tone:  # the metric's rule: the first line's last Han character 仄 -> 平
                 rate, count = tone_rule_rate([up], [down])
                 assert count == 0 or rate == 100, (up, down)
+
+
+def test_traditional_prompts_read_as_the_simplified_characters_the_model_writes(translator):
+    """The model knows 风, 云, 鸟 and 东 (simplified, as the recipes' corpora are). Before: 風雲
+    were unknown tokens to it, and no_copy kept 風 and 雲 out, not 风 and 云, which it then
+    copied (found by review)."""
+    from xinda.apps.generate import as_written
+    from xinda.apps.rules import CharacterTable
+
+    table = CharacterTable.of(translator.tgt_vocab)
+    assert as_written("風雲，鳥東龘", table) == "风云，鸟东龘"  # 龘: no form the model writes
+    for out in write_couplets(translator, ["風雲鳥東"], nbest=8, beam=8, no_copy=True)[0]:
+        assert out.error is None and len(out.text) == 4
+        assert all(d != u for d, u in zip(out.text, "风云鸟东")), out.text
+    [[poem]] = write_poems(translator, [PoemPrompt(("風雲",), 5, "東風雲鳥")])
+    assert [line[0] for line in poem_lines(poem.text)] == list("东风云鸟")
 
 
 def test_most_couplets_are_written(translator):

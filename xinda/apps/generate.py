@@ -11,6 +11,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xinda.apps.corpus import to_simplified
 from xinda.apps.poetry import FORMS, source_text, template
 from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
 from xinda.decode.translator import Translation, Translator
@@ -68,6 +69,18 @@ def is_first_line(line: str) -> bool:
     return not all(map(is_punctuation, first_line_characters(line)))
 
 
+def as_written(text: str, table: CharacterTable) -> str:
+    """``text`` with each character the model cannot write, but can in its simplified form
+    (OpenCC ``t2s``, one character at a time), in that form: a traditional prompt to a model
+    of simplified text, as the recipes' corpora are, reads and is kept apart (``no_copy``) as
+    the characters the model knows."""
+    def written(ch: str) -> str:
+        if table.writable(ch) or len(simple := to_simplified(ch)) != 1:
+            return ch
+        return simple if table.writable(simple) else ch
+    return "".join(map(written, text))
+
+
 def _check_characters(translator: Translator) -> None:
     """The rules count output tokens as characters: the model's targets must have been
     pre-tokenised into characters."""
@@ -85,12 +98,12 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
     (``first_line_characters``); a first line of nothing else, or of punctuation only, is a
     XindaError."""
     _check_characters(translator)
-    lines = [first_line_characters(up) for up in ups]
+    table = CharacterTable.of(translator.tgt_vocab)
+    lines = [as_written(first_line_characters(up), table) for up in ups]
     for i, line in enumerate(lines, start=1):
         if not is_first_line(line):
             raise XindaError(f"first line {i} is empty (or control characters or punctuation "
                              "only): a couplet needs a first line")
-    table = CharacterTable.of(translator.tgt_vocab)
     rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
     _room_for(rules, len(lines), options)
     _beam_search(translator, options, nbest)
@@ -129,8 +142,10 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
     _check_characters(translator)
     table = CharacterTable.of(translator.tgt_vocab)
     sources, layouts, lengths, heads = [], [], [], []
-    for i, prompt in enumerate(prompts, start=1):
-        prompt.check(f"prompt {i}")
+    for i, given in enumerate(prompts, start=1):
+        given.check(f"prompt {i}")
+        prompt = PoemPrompt(tuple(as_written(w, table) for w in given.keywords), given.form,
+                            as_written(given.acrostic, table))
         if rhyme and 0 < len(prompt.acrostic) < 4:
             raise XindaError(f"prompt {i}: the rhyme rule ties line 4 to line 2, and an "
                              f"acrostic of {len(prompt.acrostic)} writes "
