@@ -140,3 +140,21 @@ def test_a_poem_held_out_after_simplification_leaves_training(poetry_shared, tmp
     write_poetry_corpus(poetry_shared, out)
     assert len(read(out / "train.poem")) == 2
     assert not set(read(out / "train.poem")) & set(read(out / "valid.poem"))
+
+
+def test_a_poem_sharing_a_line_with_a_held_out_one_leaves_training(poetry_shared, tmp_path):
+    """Before: only the same whole poem was dropped; a variant (効/效, which simplification
+    does not merge) or the same lines in another order stayed in training (16 of the 1000
+    test poems shared 3 of their 4 lines with a training poem; found by review)."""
+    import json
+
+    from apps.conftest import QUATRAINS, write
+
+    valid = QUATRAINS["valid"][0]["lines"]
+    variants = [{"id": "t3", "title": "", "lines": ["春眠不觉晚", *valid[1:]]},
+                {"id": "t4", "title": "", "lines": [*valid[2:], *valid[:2]]}]
+    write(poetry_shared / "poetry-quatrains" / "train.jsonl.gz",
+          [json.dumps(p, ensure_ascii=False) for p in [*QUATRAINS["train"], *variants]])
+    out = tmp_path / "raw"
+    write_poetry_corpus(poetry_shared, out)
+    assert len(read(out / "train.poem")) == 2  # the two unrelated poems
