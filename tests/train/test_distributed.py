@@ -299,11 +299,31 @@ def test_ranks_with_other_prepared_data_are_refused_on_every_rank(monkeypatch, t
     assert len({mine, other, data_fingerprint(tmp_path, manifest)}) == 3
     for rank in (0, 1, 2):
         ranks = Ranks(rank=rank, world=3)
-        monkeypatch.setattr(ranks, "gather", lambda value: [value, value, other])
+        monkeypatch.setattr(ranks, "gather", lambda value: [
+            value, value, {**value, "prepared data": other}])
         monkeypatch.setattr(ranks, "close", lambda: None)
         with pytest.raises(XindaError, match=f"^rank {rank}: rank\\(s\\) 2 read other "
                            "prepared data than rank 0"):
-            ranks.check_same(mine, "prepared data")
+            ranks.check_same({"prepared data": mine, "settings": "s"})
         monkeypatch.setattr(ranks, "gather", lambda value: [value] * 3)
-        ranks.check_same(mine, "prepared data")  # the same everywhere: nothing said
-    Ranks().check_same(mine, "prepared data")  # one process
+        ranks.check_same({"prepared data": mine})  # the same everywhere: nothing said
+    Ranks().check_same({"prepared data": mine})  # one process
+
+
+def test_ranks_compare_the_settings_they_train_with_but_the_node_local_ones():
+    """Before: ranks with another train.seed or max_tokens (each reads its own config and
+    --set) made other batch lists: data repeated and skipped (exit 0) or a hang until
+    dist_timeout, reported as lost contact (found by review)."""
+    from xinda.config import TrainConfig
+    from xinda.models.registry import resolve
+    from xinda.train.distributed import settings_fingerprint
+
+    model = resolve({"preset": "transformer-small"})
+    base = settings_fingerprint(model, TrainConfig())
+    for shared in ({"seed": 2}, {"max_tokens": 900}, {"update_freq": 2}, {"lr": 1e-3}):
+        assert settings_fingerprint(model, TrainConfig(**shared)) != base, shared
+    assert settings_fingerprint(resolve({"preset": "transformer-small", "dropout": 0.2}),
+                                TrainConfig()) != base
+    local = {"out_dir": "elsewhere", "threads": 3, "progress": False, "dist_timeout": 60.0,
+             "onednn_cache": 0, "keep_heap": False, "device": "cpu"}
+    assert settings_fingerprint(model, TrainConfig(**local)) == base

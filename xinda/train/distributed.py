@@ -37,7 +37,9 @@ How the work is shared (see ``Trainer.train_epoch``):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
+import json
 import logging
 import os
 import re
@@ -50,6 +52,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel
 from torch.nn.parallel import DistributedDataParallel
 
 from xinda import checkpoint as ckpt
@@ -59,6 +62,19 @@ from xinda.errors import XindaError
 T = TypeVar("T")
 
 log = logging.getLogger("xinda")
+
+# train settings a machine may set for itself; the ranks must agree on all the others
+NODE_LOCAL = frozenset({"out_dir", "threads", "device", "onednn_cache", "keep_heap", "progress",
+                        "dist_timeout"})
+
+
+def settings_fingerprint(model: BaseModel, train: BaseModel) -> str:
+    """A digest of what every rank must train with alike: the model's settings and the train
+    settings but ``NODE_LOCAL`` (another seed or max_tokens gives each rank other batches:
+    data repeated and skipped, or a hang)."""
+    shared = {"model": model.model_dump(mode="json"),
+              "train": train.model_dump(mode="json", exclude=set(NODE_LOCAL))}
+    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass
@@ -180,14 +196,17 @@ class Ranks:
         dist.all_gather_object(out, value)
         return out
 
-    def check_same(self, value: str, what: str) -> None:
-        """Refuse, on every rank, a job whose ranks hold another ``value`` than rank 0 (each
-        machine reads its own copy of ``what``: a mismatch would hang or train on other data)."""
-        values = self.gather(value)
-        if other := [r for r, v in enumerate(values) if v != values[0]]:
-            self.close()
-            raise XindaError(f"rank {self.rank}: rank(s) {', '.join(map(str, other))} read other "
-                             f"{what} than rank 0: give every machine the same copy")
+    def check_same(self, values: dict[str, str]) -> None:
+        """Refuse, on every rank, a job whose ranks hold other ``values`` (what -> digest) than
+        rank 0 (each machine reads its own copy of the data and the config: a mismatch would
+        hang or train on other data)."""
+        gathered = self.gather(values)
+        for what in values:
+            if other := [r for r, v in enumerate(gathered) if v[what] != gathered[0][what]]:
+                self.close()
+                raise XindaError(f"rank {self.rank}: rank(s) {', '.join(map(str, other))} read "
+                                 f"other {what} than rank 0: give every machine the same copy "
+                                 "(and the same --set options)")
 
     def close(self) -> None:
         """Leave the process group together: a rank that tears its gloo connections down

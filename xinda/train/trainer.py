@@ -38,7 +38,7 @@ from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
-from xinda.train.distributed import Ranks, lost_contact
+from xinda.train.distributed import Ranks, lost_contact, settings_fingerprint
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
 from xinda.train.progress import Progress, beats
 from xinda.train.run_dir import (
@@ -62,9 +62,8 @@ ValidBleu = Callable[[Seq2SeqModel], float]  # model -> BLEU of its validation t
 class Trainer:
     """Trains ``cfg.model`` on the prepared data in ``data_dir`` (default ``cfg.data.out_dir``).
 
-    ``valid_bleu`` (``xinda.evaluate.validation.validation_bleu(cfg)``, built by the caller so that
-    training imports neither decoding nor scoring) scores the model after each validation, beside
-    the loss; without it the loss alone picks the best weights and drives early stopping."""
+    ``valid_bleu`` (``xinda.evaluate.validation.validation_bleu(cfg)``, built by the caller:
+    training imports no scoring) adds BLEU to each validation; else the loss picks the best."""
 
     def __init__(self, cfg: ExperimentConfig, data_dir: str | Path | None = None,
                  valid_bleu: ValidBleu | None = None):
@@ -183,7 +182,9 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
         with lost_contact(self.ranks.rank), os_errors_named(self.out):
-            self.ranks.check_same(data_fingerprint(self.data_dir, self.manifest), "prepared data")
+            self.ranks.check_same({
+                "prepared data": data_fingerprint(self.data_dir, self.manifest),
+                "model or train settings": settings_fingerprint(self.model_cfg, self.cfg.train)})
             self.ranks.main_only(lambda: check_output_dir(self.out, resume, self.cfg,
                                                           self.data_dir, self.manifest))
             if resume:
