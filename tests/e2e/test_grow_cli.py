@@ -70,13 +70,36 @@ def test_grow_keeps_every_ranks_random_numbers(grown, monkeypatch, tmp_path):
     ranks = {"world_size": 2, "rng": [{"cpu": torch.get_rng_state()},
                                       {"cpu": torch.randint(0, 255, (16,), dtype=torch.uint8)}]}
     original = ckpt.load_state
-    monkeypatch.setattr(ckpt, "load_state", lambda path: {**original(path), "ranks": ranks})
+    monkeypatch.setattr(ckpt, "load_state", lambda path: {**original(path), "ranks": ranks,
+                                                          "batches_per_update": 4})
     grow_model_dir(shallow, 2, tmp_path / "deep")
     [checkpoint] = list_checkpoints(tmp_path / "deep")
     saved = load_state(checkpoint)["ranks"]
+    # before: dropped, and a resume guessed it from config.yaml (found by review)
+    assert load_state(checkpoint)["batches_per_update"] == 4
     assert saved["world_size"] == 2
     for got, want in zip(saved["rng"], ranks["rng"]):
         assert torch.equal(got["cpu"], want["cpu"])
+
+
+def test_grow_warns_of_every_limit_the_run_already_reached(grown, monkeypatch, tmp_path,
+                                                           caplog):
+    """Before: only max_steps was named; after max_epochs or max_seconds the grown model's
+    --resume trained no update, exit 0 (found by review)."""
+    import xinda.checkpoint as ckpt
+
+    shallow, _, proc = grown
+    assert f"train.max_steps {SHALLOW_STEPS} is already reached" in proc.stderr
+    original = ckpt.load_state
+
+    def finished(path):
+        state = original(path)
+        return {**state, "progress": {**state["progress"], "epoch": 101, "wall_seconds": 9.5}}
+    monkeypatch.setattr(ckpt, "load_state", finished)
+    with caplog.at_level("WARNING", logger="xinda"):
+        grow_model_dir(shallow, 2, tmp_path / "deep")
+    assert "train.max_epochs 100 is already reached: resume with --set train.max_epochs=N " \
+           "(N > 100)" in caplog.text
 
 
 def test_resume_continues_with_the_lr_at_its_peak(grown, xinda):

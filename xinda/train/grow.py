@@ -82,6 +82,7 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
 
     old = build_model(old_cfg, vocab)
     ckpt.load_weights(old, found[-1])
+    torch.manual_seed(cfg.train.seed)  # the new layers' start (a gate with no source layer)
     new = grow_encoder(old, build_model(new_cfg, vocab))
     state = ckpt.load_state(found[-1])
     progress = Progress(**state["progress"])
@@ -99,7 +100,8 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
             CsvLog(out / "log.csv").truncate_after(progress.step)
         new_state = {"optimizer": None, "scaler": torch.amp.GradScaler("cpu").state_dict(),
                      "rng": state["rng"], "progress": asdict(progress),
-                     **({"ranks": state["ranks"]} if "ranks" in state else {})}  # per-rank RNG
+                     # per-rank RNG, and the batches per update the resume must keep
+                     **{k: state[k] for k in ("ranks", "batches_per_update") if k in state}}
         ckpt.save_checkpoint(out, progress.step, new, new_state, cfg.train.keep_last)
     log.info("grew the encoder %d -> %d layers at update %d (%s -> %s parameters)",
              old_cfg.encoder_layers, layers, progress.step, f"{old.num_parameters():,}",
@@ -109,7 +111,10 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
         log.warning("the growth comes at update %d, inside the warm-up (%d updates): the "
                     "learning rate restarts at its peak, skipping the rest of the warm-up",
                     progress.step, tc.warmup_steps)
-    if tc.max_steps and tc.max_steps <= progress.step:
-        log.warning("train.max_steps %d is already reached: resume with --set "
-                    "train.max_steps=N (N > %d)", tc.max_steps, progress.step)
+    for setting, limit, reached in (("max_steps", tc.max_steps, progress.step),
+                                    ("max_epochs", tc.max_epochs, progress.epoch - 1),
+                                    ("max_seconds", tc.max_seconds, progress.wall_seconds)):
+        if limit and limit <= reached:  # the grown model would not train at all
+            log.warning("train.%s %g is already reached: resume with --set train.%s=N "
+                        "(N > %g)", setting, limit, setting, reached)
     return out
