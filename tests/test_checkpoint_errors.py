@@ -184,8 +184,14 @@ def test_ctrl_c_during_a_resave_swap_waits_for_it(tmp_path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tmp_path, 2, model, {"progress": {"step": 2, "epoch": 1}}, keep_last=5)
+    # Python's Ctrl-C handler (a background job starts with SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(tmp_path, 2, model, {"progress": {"step": 2, "epoch": 1}},
+                            keep_last=5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
     assert len(calls) == 3
     assert load_state(tmp_path / "checkpoints" / "step_0000002.safetensors")["progress"] == {

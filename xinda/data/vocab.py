@@ -63,15 +63,18 @@ class Vocab:
     def pieces_to_ids(self, pieces: list[str]) -> list[int]:
         return [self.sp.piece_to_id(p) for p in pieces]
 
-    def line_to_ids(self, line: str, where: str) -> list[int]:
-        """The ids of a line of space-separated pieces (input given as pieces); a control piece
-        (``<pad>``, ``<s>``, ``</s>``: the search places them itself) is a XindaError naming
-        ``where``."""
+    def line_to_ids(self, line: str, where: str, source: bool) -> list[int]:
+        """The ids of a line of space-separated pieces (input given as pieces). A XindaError
+        naming ``where``: ``<pad>`` in a source (read as padding, never by the model), and any
+        control piece (``<pad>``, ``<s>``, ``</s>``) in a target prefix (the search places
+        them itself)."""
         pieces = line.split()
         ids = self.pieces_to_ids(pieces)
-        if control := [p for p, i in zip(pieces, ids) if i in self._specials]:
-            raise XindaError(f"{where}: {control[0]!r} is a control piece of the search, not a "
-                             "piece of the text")
+        refused = {self.pad} if source else self._specials
+        if control := [p for p, i in zip(pieces, ids) if i in refused]:
+            what = "the padding piece: the model would not read it" if source else \
+                "a control piece of the search, not one of the output"
+            raise XindaError(f"{where}: {control[0]!r} is {what}")
         return ids
 
     def ids_to_pieces(self, ids: list[int]) -> list[str]:

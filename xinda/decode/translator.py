@@ -103,7 +103,7 @@ class Translator:
     def source_ids(self, line: str, pieces_in: bool, where: str = "input") -> list[int]:
         """One input line -> its source ids (no EOS, not truncated)."""
         if pieces_in:
-            return self.src_vocab.line_to_ids(line, where)
+            return self.src_vocab.line_to_ids(line, where, source=True)
         text = self.src_text.preprocess(line)
         return self.src_vocab.encode(text) if text else []
 
@@ -306,7 +306,7 @@ class Translator:
                       ) -> list[int]:
         """Target-side text (or pieces) -> target ids, without BOS/EOS."""
         if pieces_in:
-            return self.tgt_vocab.line_to_ids(line, where)
+            return self.tgt_vocab.line_to_ids(line, where, source=False)
         text = self.tgt_text.preprocess(line)
         return self.tgt_vocab.encode(text) if text else []
 
