@@ -89,7 +89,7 @@ class DataConfig(Strict):
     moses_lang_src: str | None = Field(None, min_length=1)  # default: src_lang
     moses_lang_tgt: str | None = Field(None, min_length=1)  # default: tgt_lang
     subword: Literal["bpe", "unigram"] = "bpe"  # sentencepiece model type
-    vocab_size: int = Field(8000, ge=16)  # per model (joint: one model for both sides)
+    vocab_size: int = Field(8000, ge=16, lt=2**31)  # per model (joint: one for both sides)
     joint_vocab: bool = True  # one shared sentencepiece model (enables tied embeddings)
     character_coverage: float = Field(1.0, ge=0.98, le=1)  # sentencepiece's range
     spm_model: str | None = None  # reuse an existing (joint) sentencepiece model instead
@@ -102,7 +102,7 @@ class DataConfig(Strict):
     dedup: bool = True  # drop exact duplicate training pairs
     # sentence pairs sampled (seeded by seed) for sentencepiece training; all when fewer
     spm_sample: int = Field(1_000_000, ge=1)
-    chunk_size: int = Field(50_000, ge=1)  # pairs read, preprocessed and encoded at a time
+    chunk_size: int = Field(50_000, ge=1, le=2**40)  # pairs read, preprocessed, encoded at a time
     workers: int = Field(1, ge=1, le=MAX_THREADS)  # processes that preprocess and encode chunks
     seed: Seed = 1
 

@@ -103,6 +103,14 @@ def test_demo_validates_before_deleting_anything(xinda, one_line_error, tmp_path
     assert keep.read_text(encoding="utf-8") == "old output"
 
 
+def test_demo_needs_its_test_set(xinda, one_line_error, tmp_path):
+    """Before: data.test={} passed the checks, and the demo failed with a KeyError traceback
+    after preparing and training (found by review)."""
+    proc = xinda("demo", "--workdir", tmp_path, "--set", "data.test={}", ok=False)
+    one_line_error(proc, "data.test: the demo translates and scores its test set 'test'")
+    assert not (tmp_path / "model").exists()
+
+
 def test_demo_never_replaces_a_folder_it_did_not_write(xinda, one_line_error, tmp_path,
                                                        monkeypatch):
     """Before: --workdir DIR deleted DIR/raw, DIR/data-bin and DIR/model whatever they held,

@@ -226,3 +226,24 @@ def test_int8_decoding_agrees_with_float32(trained, files):
     assert len(approx) == len(src) and approx[3] == ""
     assert sum(a == b for a, b in zip(exact, approx)) >= len(src) - 2
     assert translator.translate_text(src, beam=3) == exact
+
+
+def test_a_bad_model_section_names_the_model_s_config_file(trained, xinda, tmp_path):
+    """Before: "model.bogus: Extra inputs are not permitted", without the file: with
+    --ensemble, no way to tell which model directory was wrong (found by review)."""
+    import shutil
+
+    import yaml
+
+    from xinda.errors import XindaError
+
+    copy = shutil.copytree(trained.model_dir, tmp_path / "model")
+    cfg = yaml.safe_load((copy / "config.yaml").read_text(encoding="utf-8"))
+    cfg["model"]["bogus"] = 1
+    (copy / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    with pytest.raises(XindaError, match=f"^{re.escape(str(copy / 'config.yaml'))}: "
+                                         "model.bogus: Extra inputs are not permitted"):
+        Translator.load(trained.model_dir, ensemble=[copy])
+    proc = xinda("grow", copy, "--to", "2", ok=False)
+    assert proc.stderr.startswith(f"xinda: error: {copy / 'config.yaml'}: model.bogus"), \
+        proc.stderr

@@ -44,7 +44,7 @@ from xinda.device import autocast, keep_freed_heap, pick_precision
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.quantize import quantize_int8
-from xinda.models.registry import build_model
+from xinda.models.registry import build_model, resolve
 
 log = logging.getLogger("xinda")
 UNSATISFIABLE = "the search found no output that satisfies the constraints"
@@ -67,7 +67,8 @@ class Translation:
 def _load_model(model_dir: Path, vocabs: Vocabularies,
                 checkpoint: str | Path | None) -> Seq2SeqModel:
     """The model of a trained model directory with its weights."""
-    model = build_model(load_config(model_dir / "config.yaml").model, vocabs.info)
+    config = model_dir / "config.yaml"
+    model = build_model(resolve(load_config(config).model, str(config)), vocabs.info)
     load_weights(model, checkpoint or default_weights(model_dir))
     return model
 

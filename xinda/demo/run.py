@@ -67,6 +67,9 @@ def run_demo(workdir: Path | None = None, seconds: float | None = None,
              overrides: Sequence[str] = ()) -> dict[str, float]:
     """Generate, prepare, train and translate; print and return exact match, BLEU, updates."""
     cfg = demo_config(workdir, seconds, overrides)
+    if "test" not in cfg.data.test:  # (before: a KeyError after the whole run)
+        raise XindaError("data.test: the demo translates and scores its test set 'test'; "
+                         "keep data.test.test")
     raw = Path(cfg.data.train).parent
     folders = (raw, Path(cfg.data.out_dir), Path(cfg.train.out_dir))
     for folder in folders:

@@ -58,7 +58,7 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
     model_dir = Path(model_dir)
     out = default_out(model_dir, layers) if out is None else Path(out)
     cfg = load_config(model_dir / "config.yaml")
-    old_cfg = resolve(cfg.model)
+    old_cfg = resolve(cfg.model, str(model_dir / "config.yaml"))
     if old_cfg.arch != "transformer":
         raise XindaError(f"{model_dir}: only a Transformer encoder can grow, this model is "
                          f"arch {old_cfg.arch!r}")
