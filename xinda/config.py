@@ -341,7 +341,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
         path = Path(path)
         if path.is_dir():
             raise XindaError(f"{path}: is a directory, not a config file")
-        if not path.is_file():
+        if not path.exists():  # (a pipe, <(...), is read like a file)
             raise XindaError(f"{path}: config file not found")
         try:
             text = path.read_text(encoding="utf-8")

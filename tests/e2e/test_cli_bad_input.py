@@ -143,6 +143,36 @@ def test_evaluate_by_length_checks_the_source_before_printing_scores(xinda, one_
     assert proc.stdout == ""
 
 
+def test_evaluate_source_without_by_length_is_refused(xinda, one_line_error, tmp_path):
+    """Before: --source without --by-length was silently unused (found by review)."""
+    for name in ("hyp.txt", "ref.txt", "src.txt"):
+        (tmp_path / name).write_text("a b\nc d\n", encoding="utf-8")
+    proc = xinda("evaluate", tmp_path / "hyp.txt", tmp_path / "ref.txt", "--source",
+                 tmp_path / "src.txt", ok=False)
+    one_line_error(proc, "--source is read for --by-length only")
+    assert proc.stdout == ""
+
+
+def test_a_config_can_come_from_a_pipe(tmp_path):
+    """Before: ``xinda prepare <(cat cfg.yaml)`` said "/dev/fd/63: config file not found" (the
+    corpus readers take pipes; found by review)."""
+    import os
+
+    from xinda.config import load_config
+
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    pid = os.fork()
+    if pid == 0:  # the writer, as the shell's <(...) would be
+        with open(fifo, "w", encoding="utf-8") as f:
+            f.write("train:\n  lr: 0.002\n")
+        os._exit(0)
+    try:
+        assert load_config(fifo).train.lr == 0.002
+    finally:
+        os.waitpid(pid, 0)
+
+
 def test_translate_invalid_utf8_on_stdin_names_the_line(trained, xinda_popen):
     import subprocess
 

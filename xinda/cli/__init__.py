@@ -122,6 +122,8 @@ def evaluate(
         read_hyps_refs,
     )
 
+    if source is not None and not by_length:  # (before: silently unused)
+        raise XindaError("--source is read for --by-length only: add --by-length")
     hyps, refs = read_hyps_refs(hypotheses, references)
     sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
     say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize)))
