@@ -157,6 +157,7 @@ def test_a_config_can_come_from_a_pipe(tmp_path):
     """Before: ``xinda prepare <(cat cfg.yaml)`` said "/dev/fd/63: config file not found" (the
     corpus readers take pipes; found by review)."""
     import os
+    import signal
 
     from xinda.config import load_config
 
@@ -169,7 +170,8 @@ def test_a_config_can_come_from_a_pipe(tmp_path):
         os._exit(0)
     try:
         assert load_config(fifo).train.lr == 0.002
-    finally:
+    finally:  # a writer left waiting for a reader (when the read failed) goes too
+        os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 
 
