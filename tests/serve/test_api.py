@@ -142,6 +142,16 @@ def test_constraints(client):
                                                            ban_source_copy=True))
 
 
+def test_a_prefix_the_model_cannot_write_is_named_by_its_index(client):
+    """Before: checked in the worker, it was named "prefix 2" (1-based, and counted over the
+    batch, which may hold other requests' lines; found by review)."""
+    response = post(client, "/v1/translate", model="numbers", text=["one", "two"],
+                    constraints={"prefix": ["", "x y"]})
+    message = assert_error(response, 422, "invalid_request", "not in the target vocabulary")
+    assert message.startswith("constraints.prefix[1]: ")
+    assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
+
+
 def test_couplet(client):
     body = post(client, "/v1/couplet", model="couplet", text=["春风江月，花鸟", "山水"], n_best=2,
                 tone=True, no_copy=True).json()
@@ -271,7 +281,7 @@ UNKNOWN_KEYS = [
 def test_wrong_types_and_values_name_the_field(make_client, body, field):
     with make_client(("numbers",)) as client:
         assert_error(client.post("/v1/translate", json=body), 422, "invalid_request", field)
-        assert post(client, "/v1/translate", text="one").status_code == 200
+        assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
 
 
 @pytest.mark.parametrize(("body", "message"), UNKNOWN_KEYS)
@@ -330,7 +340,7 @@ def test_limits_on_texts_characters_and_body(make_client):
         assert_error(client.post("/v1/translate", content=b"x" * 10_000_000), 413, "too_large")
         chunks = (b"x" * 100 for _ in range(100))  # no Content-Length: counted while read
         assert_error(client.post("/v1/translate", content=chunks), 413, "too_large")
-        assert post(client, "/v1/translate", text="one").status_code == 200
+        assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
     with make_client(("poetry",), max_chars=20) as client:  # before: keywords[0], the dropped
         assert_error(post(client, "/v1/poem", keywords=["\u200b", "春" * 21]), 422,
                      "text_too_long", "keywords[1]")

@@ -266,7 +266,7 @@ class Translator:
                 raise XindaError(f"{len(prefixes)} target prefixes for {len(lines)} lines")
             where = [f"{prefix_file}:{i}" if prefix_file else f"prefix {i}"
                      for i in range(1, len(prefixes) + 1)]
-            out.append(TargetPrefix([self._prefix_ids(w, p, input_format == "pieces")
+            out.append(TargetPrefix([self.prefix_ids(w, p, input_format == "pieces")
                                      for w, p in zip(where, prefixes)]))
         if words := [w.strip() for w in ban if w.strip()]:
             out.append(BanTokens([i for word in words for i in self.target_tokens(word)]))
@@ -287,7 +287,7 @@ class Translator:
             out.append(ExactLength([exact_length] * len(lines)))
         return out
 
-    def _prefix_ids(self, where: str, prefix: str, pieces_in: bool) -> list[int]:
+    def prefix_ids(self, where: str, prefix: str, pieces_in: bool) -> list[int]:
         """A target prefix's ids; one the target vocabulary cannot write (it would force
         ``<unk>`` where it was not asked for by name) is a XindaError naming what it lacks."""
         ids, unk = self.encode_target(prefix, pieces_in, where), self.tgt_vocab.unk

@@ -140,6 +140,13 @@ class Service:
                            f"tokens), over the limit of {limit:,}: ask for attention with "
                            "fewer or shorter texts, or lower n_best, samples or exact_length")
 
+    def check_prefixes(self, model: ServedModel, prefixes: Sequence[str | None]) -> None:
+        """Refuse a prefix the model cannot write before the job is queued: in the worker its
+        error would fail a batch of other requests too, and name the batch's line."""
+        for i, prefix in enumerate(prefixes):
+            if prefix:
+                model.translator.prefix_ids(f"constraints.prefix[{i}]", prefix, False)
+
     def check_sources(self, model: ServedModel, sources: Sequence[str], what: str) -> None:
         """Refuse a source longer than the model reads: it would be cut (a couplet's second
         line, as long as the whole first line, written from a part of it; a poem written
@@ -242,6 +249,7 @@ def routes(svc: Service) -> APIRouter:
             raise ApiError(422, "invalid_request", f"constraints.prefix: {len(prefixes)} "
                            f"prefixes for {len(texts)} texts")
         svc.texts(constraints.prefix or [""], "constraints.prefix", empty_ok=True)
+        await asyncio.to_thread(svc.check_prefixes, model, prefixes)  # tokenises: off the loop
         decode, sampling = decode_options(model, req)
         options = {"decode": decode, "attention": req.attention,
                    "constraints": constraints.model_dump(exclude={"prefix"})}
