@@ -437,8 +437,16 @@ def test_web_page_and_docs(client):
         part = client.get(f"/{name}")
         assert part.status_code == 200 and kind in part.headers["content-type"], name
     assert client.get("/docs").status_code == 200
-    paths = client.get("/openapi.json").json()["paths"]
+    schema = client.get("/openapi.json").json()
+    paths = schema["paths"]
     assert {"/v1/translate", "/v1/couplet", "/v1/poem", "/v1/models", "/health"} <= set(paths)
+    # the key's headers are declared: /docs offers to send them (before: no Authorize button,
+    # so every "Try it out" got 401 with --api-key; found by review)
+    schemes = schema["components"]["securitySchemes"]
+    assert {"type": "apiKey", "in": "header", "name": "X-API-Key"}.items() <= \
+        schemes["APIKeyHeader"].items()
+    assert schemes["HTTPBearer"]["scheme"] == "bearer"
+    assert {"APIKeyHeader": []} in paths["/v1/translate"]["post"]["security"]
 
 
 def test_the_pages_beam_and_n_best_stop_at_the_apis_limit(client):

@@ -18,9 +18,9 @@ import socket
 from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -48,7 +48,7 @@ from xinda.serve.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
-from xinda.serve.settings import LOOPBACK, ServeSettings
+from xinda.serve.settings import API_KEY, BEARER, LOOPBACK, ServeSettings
 from xinda.serve.worker import Job, Worker
 from xinda.utils import visible_text
 
@@ -68,7 +68,9 @@ class Service:
         self.models, self.settings, self.metrics = dict(models), settings, metrics
         self.workers = {name: Worker(m, settings, metrics) for name, m in self.models.items()}
 
-    async def authorize(self, request: Request) -> None:
+    async def authorize(self, request: Request,
+                        _key: Annotated[object, Security(API_KEY)] = None,
+                        _bearer: Annotated[object, Security(BEARER)] = None) -> None:
         """With an API key set: the request must give it (X-API-Key or Authorization:
         Bearer)."""
         key = self.settings.api_key
