@@ -330,6 +330,17 @@ def test_wrong_task_and_bad_prompts(client):
                  "invalid_request", "龘")
 
 
+def test_bad_poem_prompts_are_refused_before_they_are_queued(make_client):
+    """The workers are stopped: a request that reached the queue would wait for its timeout.
+    Before: an acrostic the model cannot write, or rhyme with fewer than 4 lines, failed in
+    the worker, with every other request of its batch (found by review)."""
+    with make_client(("poetry",), start=False, timeout_s=1) as client:
+        assert_error(post(client, "/v1/poem", acrostic="龘"), 422, "invalid_request",
+                     "poem: acrostic character '龘'")
+        assert_error(post(client, "/v1/poem", acrostic="春夏", rhyme=True), 422,
+                     "invalid_request", "rhyme rule ties line 4 to line 2")
+
+
 def test_limits_on_texts_characters_and_body(make_client):
     with make_client(max_texts=3, max_chars=20, max_body_bytes=1000) as client:
         assert_error(post(client, "/v1/translate", text=["one"] * 4), 422, "too_many_texts")

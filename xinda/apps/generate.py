@@ -135,6 +135,21 @@ def _restore_punctuation(text: str, up: str) -> str:
     return "".join(u if is_punctuation(u) else c for c, u in zip(text, up))
 
 
+def read_prompt(given: PoemPrompt, table: CharacterTable, where: str, rhyme: bool
+                ) -> PoemPrompt:
+    """``given`` as the model reads it (``as_written``), checked: its form, an acrostic the
+    model can write, and with ``rhyme`` one of 4 lines or none; else a XindaError."""
+    given.check(where)
+    prompt = PoemPrompt(tuple(as_written(w, table) for w in given.keywords), given.form,
+                        as_written(given.acrostic, table))
+    if rhyme and 0 < len(prompt.acrostic) < 4:
+        raise XindaError(f"{where}: the rhyme rule ties line 4 to line 2, and an acrostic of "
+                         f"{len(prompt.acrostic)} writes {len(prompt.acrostic)} lines")
+    for ch in prompt.acrostic:
+        table.check(ch, f"{where}: acrostic character")
+    return prompt
+
+
 def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: int = 1,
                 rhyme: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best poems of each prompt (``PoemRules``): 4 lines, or one per acrostic
@@ -143,18 +158,12 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
     table = CharacterTable.of(translator.tgt_vocab)
     sources, layouts, lengths, heads = [], [], [], []
     for i, given in enumerate(prompts, start=1):
-        given.check(f"prompt {i}")
-        prompt = PoemPrompt(tuple(as_written(w, table) for w in given.keywords), given.form,
-                            as_written(given.acrostic, table))
-        if rhyme and 0 < len(prompt.acrostic) < 4:
-            raise XindaError(f"prompt {i}: the rhyme rule ties line 4 to line 2, and an "
-                             f"acrostic of {len(prompt.acrostic)} writes "
-                             f"{len(prompt.acrostic)} lines")
+        prompt = read_prompt(given, table, f"prompt {i}", rhyme)
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
         layouts.append({pos: table.check(mark, "punctuation mark") for pos, mark in
                         marks.items()})
         lengths.append(length)
-        heads.append("".join(table.check(ch, "acrostic character") for ch in prompt.acrostic))
+        heads.append(prompt.acrostic)
         sources.append(prompt.source())
     rules = PoemRules(layouts, lengths, [p.form for p in prompts], heads, table, rhyme=rhyme)
     _room_for(rules, len(prompts), options)

@@ -28,7 +28,8 @@ from pydantic import BaseModel
 from starlette.routing import Route
 
 from xinda import __version__
-from xinda.apps.generate import PoemPrompt, first_line_characters, is_first_line
+from xinda.apps.generate import PoemPrompt, first_line_characters, is_first_line, read_prompt
+from xinda.apps.rules import CharacterTable
 from xinda.decode.translator import BEAM_ONLY, SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
@@ -292,7 +293,8 @@ def routes(svc: Service) -> APIRouter:
         sent = req.keywords if isinstance(req.keywords, list) else [req.keywords]
         svc.texts(sent or [""], "keywords", empty_ok=True)  # lengths, by the indices sent
         svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)  # words' count
-        prompt.check("poem")
+        table = await asyncio.to_thread(CharacterTable.of, model.translator.tgt_vocab)
+        read_prompt(prompt, table, "poem", req.rhyme)  # here, not failing a batch of others
         await asyncio.to_thread(svc.check_sources, model, [prompt.source()],
                                 "keywords: the source (form word and keywords)")
         options = given({"nbest": req.n_best, "rhyme": req.rhyme})
