@@ -111,6 +111,10 @@ class DataConfig(Strict):
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {self.src_lang!r}: both sides "
                              f"would be read from the same files ({{split}}.{self.src_lang})")
+        for side in ("src", "tgt"):  # (before: silently unused)
+            if getattr(self, f"moses_lang_{side}") and getattr(self, f"pretok_{side}") != "moses":
+                raise ValueError(f"moses_lang_{side} applies only with pretok_{side} moses (it "
+                                 f"is {getattr(self, f'pretok_{side}')})")
         return self
 
     def unused_spm_settings(self):
