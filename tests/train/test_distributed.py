@@ -103,7 +103,8 @@ def test_lost_contact_names_the_rank_only_inside_a_process_group():
                                "[127.0.0.1]:1234. This is typically caused by a crash.")
         assert str(err.value) == ("rank 1: lost contact with the other ranks (Connection closed "
                                   "by peer [127.0.0.1]:1234); the job stops: continue it with "
-                                  "--resume")
+                                  "--resume (once the error another rank may have stopped with "
+                                  "is fixed)")
         with pytest.raises(RuntimeError, match="shapes"), lost_contact(1):  # not a collective
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
     finally:

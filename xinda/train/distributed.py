@@ -325,7 +325,8 @@ def lost_contact(rank: int) -> Iterator[None]:
             raise
         reason = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0][:200]  # no "[file:line]"
         raise XindaError(f"rank {rank}: lost contact with the other ranks ({reason}); the job "
-                         "stops: continue it with --resume") from None
+                         "stops: continue it with --resume (once the error another rank may "
+                         "have stopped with is fixed)") from None
 
 
 _COLLECTIVE_FAILED = re.compile(r"gloo|nccl|connection|timed out|timeout", re.IGNORECASE)
