@@ -10,7 +10,7 @@ import pytest
 
 from xinda.apps.corpus import to_simplified
 from xinda.apps.couplet import write_couplet_corpus
-from xinda.apps.poetry import FORMS, poem_lines, template, write_poetry_corpus
+from xinda.apps.poetry import FORMS, poem_lines, poem_text, template, write_poetry_corpus
 from xinda.evaluate.generation import is_han, rhyme_rate
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -64,7 +64,10 @@ def test_real_quatrains(tmp_path):
     _need("poetry-quatrains")
     out = tmp_path / "raw"
     write_poetry_corpus(_mirror("poetry-quatrains", tmp_path), out)
-    for split, count in {"train": HEAD, "valid": 1000, "test": 1000}.items():
+    # dropped for a line shared with a later split: 2 of the first HEAD training poems
+    # (variants of held-out ones: 又/有, 鶑/莺 in one line, 3 lines the same) and a valid poem
+    # (今年未得归, a line of a test poem)
+    for split, count in {"train": HEAD - 2, "valid": 999, "test": 1000}.items():
         sources, poems = _lines(out / f"{split}.kw"), _lines(out / f"{split}.poem")
         assert len(sources) == len(poems) == count
         for source, poem in zip(sources, poems):
@@ -74,9 +77,10 @@ def test_real_quatrains(tmp_path):
             assert form == FORMS[size] and len(poem) == length
             assert all(poem[p] == mark for p, mark in marks.items())
             assert 1 <= len(words) <= 4 and all(len(w) == 2 for w in words)
-    titles = [to_simplified(json.loads(line)["title"])
-              for line in _lines(SHARED / "poetry-quatrains" / "valid.jsonl")]
+    records = [json.loads(line) for line in _lines(SHARED / "poetry-quatrains" / "valid.jsonl")]
+    titles = {poem_text([to_simplified(x) for x in r["lines"]]): to_simplified(r["title"])
+              for r in records}  # by poem: the split lost one
     sources, poems = _lines(out / "valid.kw"), _lines(out / "valid.poem")
-    for title, source, poem in zip(titles, sources, poems):
-        assert all(word in f"{title}\n{poem}" for word in source.split(" ")[1:])
+    for source, poem in zip(sources, poems):
+        assert all(word in f"{titles[poem]}\n{poem}" for word in source.split(" ")[1:])
     assert rhyme_rate(_lines(out / "valid.poem")) > 75  # the references mostly rhyme
