@@ -69,3 +69,18 @@ def test_training_and_translating_import_no_rouge():
     proc = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_cli_starts_without_the_server_packages():
+    """The GPU image has no FastAPI, Starlette or uvicorn: importing them where the CLI starts
+    (an API-key header in serve/settings.py) broke every `xinda` command there (found by
+    review). Only `xinda serve` needs them."""
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('fastapi', 'starlette', 'uvicorn'):\n"
+            "            raise ImportError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import xinda.cli, xinda.train.trainer, xinda.decode.translator\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -9,7 +9,6 @@ Endpoints: POST /v1/translate, /v1/couplet, /v1/poem; GET /v1/models, /health, /
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from xinda.apps.rules import CharacterTable
 from xinda.decode.translator import BEAM_ONLY, SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
+from xinda.serve.auth import API_KEY, BEARER, check_api_key
 from xinda.serve.errors import ApiError, install_error_handlers
 from xinda.serve.metrics import Metrics
 from xinda.serve.middleware import CLIENT_GONE, RequestGuard
@@ -49,7 +49,7 @@ from xinda.serve.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
-from xinda.serve.settings import API_KEY, BEARER, LOOPBACK, ServeSettings
+from xinda.serve.settings import LOOPBACK, ServeSettings
 from xinda.serve.worker import Job, Worker
 from xinda.utils import visible_text
 
@@ -72,18 +72,8 @@ class Service:
     async def authorize(self, request: Request,
                         _key: Annotated[object, Security(API_KEY)] = None,
                         _bearer: Annotated[object, Security(BEARER)] = None) -> None:
-        """With an API key set: the request must give it (X-API-Key or Authorization:
-        Bearer)."""
-        key = self.settings.api_key
-        if key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = request.headers.get("x-api-key") or (
-            token.strip() if scheme.lower() == "bearer" else "")  # the scheme: any case
-        # header values arrive decoded as Latin-1: their bytes are what the client sent
-        if not hmac.compare_digest(given.encode("latin-1"), key.encode("utf-8")):
-            raise ApiError(401, "unauthorized", "a valid API key is required (header "
-                           "X-API-Key or Authorization: Bearer)", {"WWW-Authenticate": "Bearer"})
+        """With an API key set: the request must give it (``auth.check_api_key``)."""
+        check_api_key(request, self.settings.api_key)
 
     def model(self, name: str | None, task: str | None = None) -> ServedModel:
         """The served model called ``name`` (the only one when None), of ``task`` if given."""

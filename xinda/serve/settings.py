@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi.security import APIKeyHeader, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# the api_key's two headers, declared in the OpenAPI schema (the Authorize button of /docs);
-# ``app.Service.authorize`` reads and checks them
-API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, description="the --api-key")
-BEARER = HTTPBearer(auto_error=False, description="the --api-key as a Bearer token")
 
 
 class ServeSettings(BaseModel):
