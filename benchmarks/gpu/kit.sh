@@ -29,7 +29,8 @@ pack() {
     for corpus in "$@"; do [ "$corpus" = multi30k ] || corpora+=("$corpus"); done
     mkdir -p "$KIT/whl" "$KIT/data"
     local wheels=(pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0
-                  typing-inspection==0.4.2 typing-extensions==4.16.0 sacremoses==0.2.0)
+                  typing-inspection==0.4.2 typing-extensions==4.16.0 sacremoses==0.2.0
+                  typer==0.29.2)  # typer: the image's is older than the CLI's TyperException
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$KIT/whl" "${wheels[@]}"
@@ -56,8 +57,9 @@ environment() {
 collect() {
     [ -n "${OUT:-}" ] || { echo "kit: collect writes to \$OUT, which is unset" >&2; exit 2; }
     local found
-    found=$(find "$@" "$LOGS" -type f \( -name '*.json' -o -name '*.md' -o -name '*.png' \
-            -o -name '*.hyp' -o -name '*.log' -o -name '*.csv' \) 2>/dev/null || true)
+    # relative paths (an absolute $LOGS put the logs in twice, once under the machine's path)
+    found=$(find "$@" runs/gpu/logs -type f \( -name '*.json' -o -name '*.md' -o -name '*.png' \
+            -o -name '*.hyp' -o -name '*.log' -o -name '*.csv' \) 2>/dev/null | sort -u || true)
     [ -n "$found" ] || { echo "kit: no results under $* $LOGS"; return 0; }
     tar -czf "$OUT/results.tar.gz" $found
     tar -tzf "$OUT/results.tar.gz" | wc -l
@@ -69,8 +71,9 @@ case "${1:-}" in
     start) shift; environment; name=$1; shift
         setsid "$@" > "$LOGS/$name.log" 2>&1 < /dev/null &
         echo "kit: started $name (pid $!), log runs/gpu/logs/$name.log" ;;
-    status) shopt -s nullglob
+    status) shopt -s nullglob globstar
         for log in "$LOGS"/*.log; do echo "== $log"; tail -n 5 "$log"; done
+        for log in runs/gpu/**/train.log; do echo "-- $log: $(tail -n 1 "$log")"; done
         nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv 2>/dev/null || true ;;
     collect) shift; collect "$@" ;;
     *) sed -n '2,21p' "$0"; exit 2 ;;
