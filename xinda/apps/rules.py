@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -48,6 +49,7 @@ class CharacterTable:
     by_bare: dict[int, str]
 
     @classmethod
+    @cache  # one scan of the vocabulary per model: each request and batch asks for it
     def of(cls, vocab: Vocab) -> CharacterTable:
         one, bare = {}, {}
         for i in range(len(vocab.sp)):
