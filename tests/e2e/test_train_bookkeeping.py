@@ -5,9 +5,11 @@ log's rows (each found by review; "Before:" says what happened)."""
 from __future__ import annotations
 
 import csv
+import logging
 import math
 
 import pytest
+import torch
 
 from xinda.checkpoint import list_checkpoints, load_state
 from xinda.config import load_config
@@ -274,6 +276,22 @@ def test_fp16_on_the_cpu_scales_the_loss(prepared, tmp_path):
     assert trainer.scaler.is_enabled()
     assert trainer.train().step == 2
     assert trainer.scaler.get_scale() > 0
+
+
+def test_fp16_updates_skipped_for_overflow_are_not_counted(prepared, tmp_path, caplog):
+    """A scale of 2^40 overflows the fp16 gradients until it has halved enough: those steps
+    are skipped and, as in fairseq, not counted. Before: each counted as an update, so
+    max_steps=3 ended after fewer than 3 optimiser steps (here none)."""
+    cfg = load_config(prepared.config, [f"train.out_dir={tmp_path}", "train.valid_bleu=false",
+                                        "train.precision=fp16", "train.max_steps=3"])
+    trainer = Trainer(cfg, prepared.data_dir)
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    with caplog.at_level(logging.INFO, logger="xinda"):
+        assert trainer.train().step == 3
+    skipped = [r.message for r in caplog.records if "overflowed: skipped" in r.message]
+    assert skipped and skipped[0].startswith("update 1: the fp16 gradients overflowed")
+    adam_steps = {int(s["step"]) for s in trainer.optimizer.state.values()}
+    assert adam_steps == {3} and trainer.scaler.get_scale() < 2.0**40
 
 
 def test_the_updates_after_the_last_full_window_get_a_row_logged_once(prepared, tmp_path):

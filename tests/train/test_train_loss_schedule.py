@@ -222,12 +222,12 @@ def test_fp16_overflowing_at_every_update_stops_at_the_minimum_loss_scale():
     scaler = torch.amp.GradScaler("cpu", init_scale=4 * MIN_LOSS_SCALE)
     scaler.scale(torch.ones(()))  # as a backward pass scales its loss
     weight.grad = torch.tensor([1.0, 1.0])
-    optimizer_step(optimizer, scaler, 1)  # finite: the step is taken
+    assert optimizer_step(optimizer, scaler, 1)  # finite: the step is taken
     assert weight.tolist() == pytest.approx([1 - 0.1 / (4 * MIN_LOSS_SCALE)] * 2)
     before = weight.detach().clone()
     for update in (2, 3):  # scale 2x, then 1x the minimum: skipped, no error yet
         weight.grad = torch.tensor([math.inf, 1.0])
-        optimizer_step(optimizer, scaler, update)
+        assert not optimizer_step(optimizer, scaler, update)
     weight.grad = torch.tensor([math.inf, 1.0])
     with pytest.raises(XindaError, match="^update 4: fp16 overflowed at every update down to"):
         optimizer_step(optimizer, scaler, 4)

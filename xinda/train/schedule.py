@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -9,6 +10,8 @@ import torch
 
 from xinda.config import TrainConfig
 from xinda.errors import XindaError
+
+log = logging.getLogger("xinda")
 
 # About fairseq's --min-loss-scale 1e-4 (a power of two, as the scales are): an fp16 scale
 # halved below it by overflow after overflow means the loss itself is not finite in fp16
@@ -72,14 +75,26 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                   update: int) -> None:
-    """Update ``update``'s step through the loss scaler (fp16; a no-op one otherwise), which
-    skips an update whose gradients overflow and halves its scale: a scale below
-    ``MIN_LOSS_SCALE`` is a XindaError (before, the updates were skipped silently forever)."""
+                   update: int, clip_norm: float = 0.0) -> bool:
+    """Take update ``update``'s step through the loss scaler (fp16; a no-op one otherwise),
+    after clipping the gradients' norm to ``clip_norm`` (0: no clipping). False when fp16
+    gradients overflowed: the scaler skipped the step and halved its scale, and the update does
+    not count (as in fairseq). A scale below ``MIN_LOSS_SCALE`` is a XindaError (before, the
+    updates were skipped silently forever)."""
+    scaler.unscale_(optimizer)
+    if clip_norm:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, clip_norm)
+    scale = scaler.get_scale() if scaler.is_enabled() else 0.0
     scaler.step(optimizer)
     scaler.update()
-    if scaler.is_enabled() and (scale := scaler.get_scale()) < MIN_LOSS_SCALE:
+    if not scaler.is_enabled() or (new_scale := scaler.get_scale()) >= scale:
+        return True
+    if new_scale < MIN_LOSS_SCALE:
         raise XindaError(f"update {update}: fp16 overflowed at every update down to loss "
-                         f"scale {scale:.3g}: the loss is not finite in fp16 (the training "
+                         f"scale {new_scale:.3g}: the loss is not finite in fp16 (the training "
                          "diverged); lower train.lr, set train.clip_norm, or use precision "
                          "bf16 or fp32")
+    log.info("update %d: the fp16 gradients overflowed: skipped, loss scale now %g", update,
+             new_scale)
+    return False

@@ -98,8 +98,7 @@ class Trainer:
             check_lengths(self.data_dir, "valid", load_split(self.data_dir, "valid"), limit)
         if self.ranks.is_main:
             warn_oversized(self.train_src, self.train_tgt, tc.max_tokens)
-        self.progress = Progress()
-        self.valid_bleu = valid_bleu
+        self.progress, self.valid_bleu = Progress(), valid_bleu
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
         self.saved_step: int | None = None  # the update of the newest checkpoint
         self._clock, self._wall_base = time.perf_counter(), 0.0  # see ``wall_seconds``
@@ -256,9 +255,13 @@ class Trainer:
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)
         for start in range(p.batch, len(batches), per_update):
             t0 = time.perf_counter()
-            loss, nll, ntok = self.update(batches[start:start + per_update])
+            done = self.update(batches[start:start + per_update])
             seconds = time.perf_counter() - t0
             p.batch = start + per_update
+            if done is None:  # fp16 overflow: skipped, not an update
+                p.train_seconds += seconds
+                continue
+            loss, nll, ntok = done
             p.tgt_tokens += ntok
             window = p.log_window
             window[:] = [window[0] + loss, window[1] + nll, window[2] + ntok, window[3] + seconds]
@@ -300,10 +303,10 @@ class Trainer:
         the runs it resumes (what ``train.max_seconds`` limits)."""
         return self._wall_base + time.perf_counter() - self._clock
 
-    def update(self, group: list) -> tuple[float, float, int]:
+    def update(self, group: list) -> tuple[float, float, int] | None:
         """One optimiser update over the batches ``group`` (gradient accumulation; with several
-        ranks each trains on its share, see ``Ranks.share``): returns the summed loss, summed
-        NLL and target tokens of the whole group. Gradients are normalised by those tokens."""
+        ranks each trains on its share, see ``Ranks.share``): the summed loss, NLL and target
+        tokens of the whole group, which normalise the gradients; None if fp16 skipped it."""
         tc = self.cfg.train
         self.net.train()
         self.lr = learning_rate(tc, self.progress.step + 1, self.model_cfg.model_dim,
@@ -326,13 +329,10 @@ class Trainer:
             raise XindaError(
                 f"update {self.progress.step + 1}: the training loss is {loss_sum}; stopped "
                 f"before the weights changed ({kept}); lower train.lr or set train.clip_norm")
-        self.scaler.unscale_(self.optimizer)
-        if tc.clip_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
-        optimizer_step(self.optimizer, self.scaler, self.progress.step + 1)
+        stepped = optimizer_step(self.optimizer, self.scaler, self.progress.step + 1, tc.clip_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        self.progress.step += 1
-        return loss_sum, nll_sum, ntokens
+        self.progress.step += stepped
+        return (loss_sum, nll_sum, ntokens) if stepped else None
 
     def collate(self, indices) -> Batch:
         v = self.vocab
