@@ -122,7 +122,9 @@ def test_a_sentencepiece_space_symbol_is_cleaned_to_an_underscore(tmp_path):
     "line",
     ["我爱北京天安门和Python编程。", "我喜欢NLP and deep learning。", "他说：“你好！”价格是1,000元。",
      # before: "10: 30", "www. google. com", "a_b@c. com"
-     "会议在10:30开始。", "访问www.google.com查看。", "写信到a_b@c.com吧。"],
+     "会议在10:30开始。", "访问www.google.com查看。", "写信到a_b@c.com吧。",
+     # before: "Tom&Jerry和a-b=c", "x+y"
+     "看Tom & Jerry和a - b = c。", "用e-mail发COVID-19的x + y，温度-5度。"],
 )
 def test_jieba_round_trip(line):
     pipe = TextPipeline("NFKC", False, "jieba", "zh")

@@ -31,9 +31,11 @@ _CURLY_QUOTES = {"“": "open", "‘": "open", "”": "close", "’": "close"}
 _IN_WORD_QUOTES = "'’"  # apostrophes between letters
 # Words of letters and digits joined by in-word punctuation stay one jieba token, so that
 # detokenising need not guess whether a space was there: "www.google.com", "a_b@c.com",
-# "10:30", "1,000", "3.5", "don't", "R&D", "and/or" (not "ok. then", "1, 2").
+# "10:30", "1,000", "3.5", "don't", "R&D", "and/or", "e-mail" (not "ok. then", "1, 2").
 _LATIN = "0-9A-Za-z_\u00c0-\u024f\u0370-\u04ff"  # ASCII, Latin-1 and Extended, Greek, Cyrillic
-_JIEBA_KEEP = re.compile(f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’][{_LATIN}]+)+")
+_JIEBA_KEEP = re.compile(f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’-][{_LATIN}]+)+")
+# So a token of these signs between two Latin words or numbers had spaces: "Tom & Jerry", "a - b"
+_OPERATORS = frozenset("&+-=*/|<>~×÷–—")
 # Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times, ratios
 # and ranges ("10:30:45" would come back as "10:30: 45", "9:00–10:00" as "9:00 – 10:00")
 # and, where sacremoses has no apostrophe rules, clitics ("geht's" would come back as
@@ -222,15 +224,18 @@ def _needs_space(before: str, left: str, right: str,
 
 def jieba_detokenize(text: str) -> str:
     """Join jieba tokens: no spaces around CJK, single spaces between Latin/digit words, after
-    punctuation and around quotations."""
+    punctuation, around quotations and around operators between Latin words."""
     tokens = text.split()
     if not tokens:
         return ""
     roles = _quote_roles(tokens)
+    spaced = {i for i in range(1, len(tokens) - 1) if set(tokens[i]) <= _OPERATORS
+              and _is_letter(tokens[i - 1][-1]) and _is_letter(tokens[i + 1][0])}
     out = tokens[0]
     for i in range(1, len(tokens)):
         before, pair = out[-2] if len(out) > 1 else " ", (roles[i - 1][1], roles[i][0])
-        out += (" " if _needs_space(before, tokens[i - 1], tokens[i], pair) else "") + tokens[i]
+        space = {i, i - 1} & spaced or _needs_space(before, tokens[i - 1], tokens[i], pair)
+        out += (" " if space else "") + tokens[i]
     return out
 
 
