@@ -221,13 +221,16 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
 
 
 def write_stdout(text: str) -> None:
-    """Write ``text`` to standard output and flush it; a failed write (a full disk, a closed
-    pipe) is a one-line XindaError, and nothing is flushed again at exit."""
+    """Write ``text`` to standard output and flush it; a failed write (a full disk) is a
+    one-line XindaError, a reader that stopped reading (``| head``) ends the command quietly
+    with the shell's exit code for it, 141; nothing is flushed again at exit."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
     except OSError as err:
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - to the end
+        if isinstance(err, BrokenPipeError):
+            raise SystemExit(141) from None  # 128 + SIGPIPE, as shells report it
         raise XindaError(f"stdout: cannot write the output: {err.strerror or err}") from None
 
 

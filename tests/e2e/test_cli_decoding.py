@@ -247,3 +247,31 @@ def test_a_bad_model_section_names_the_model_s_config_file(trained, xinda, tmp_p
     proc = xinda("grow", copy, "--to", "2", ok=False)
     assert proc.stderr.startswith(f"xinda: error: {copy / 'config.yaml'}: model.bogus"), \
         proc.stderr
+
+
+def test_a_reader_that_stopped_ends_translate_quietly(trained, files, xinda_popen):
+    """``xinda translate | head -1``: exit 141 as a shell tool killed by SIGPIPE, no message.
+    Before: "xinda: error: stdout: cannot write the output: Broken pipe", exit 1."""
+    import subprocess
+
+    proc = xinda_popen("translate", trained.model_dir, "-i", files[0] / "in.txt", "--threads",
+                       "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before the output comes
+    try:
+        assert proc.wait(timeout=120) == 141
+        assert "error" not in proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+def test_evaluate_reads_hypotheses_from_stdin(trained, files, xinda, tmp_path):
+    """``xinda translate ... | xinda evaluate - REF`` (before: "-: file not found")."""
+    folder, _ = files
+    output = translate(xinda, trained, folder).stdout
+    (tmp_path / "ref.txt").write_text(output, encoding="utf-8")
+    scores = xinda("evaluate", "-", tmp_path / "ref.txt", "--metrics", "chrf", input=output)
+    assert scores.stdout.startswith("chrF2 = 100.00 ")
+    short = xinda("evaluate", "-", tmp_path / "ref.txt", input="x\n", ok=False)
+    assert short.stderr.strip().endswith("<stdin> has 1 lines but "
+                                         f"{tmp_path / 'ref.txt'} has 6; hypotheses and "
+                                         "references must be line-parallel")

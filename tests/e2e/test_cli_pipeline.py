@@ -157,7 +157,7 @@ def test_evaluate_prints_scores_with_signatures(inputs, translated, xinda):
     assert re.fullmatch(r"chrF2 = \d+\.\d\d \(nrefs:1\|.*\|version:[\d.]+\)", lines[1]), lines
     assert re.fullmatch(r"TER = \d+\.\d\d \(nrefs:1\|.*\|version:[\d.]+\)", lines[2]), lines
     table = lines[3:]
-    assert table[0].split() == ["length", "sentences", "BLEU"]
+    assert table[0].split() == ["length", "(words)", "sentences", "BLEU"]
     buckets = [row.split()[:2] for row in table[1:] if row.strip()]
     assert sum(int(n) for _, n in buckets) == len(src)
     assert buckets[0] == ["0", "1"]  # the empty source line

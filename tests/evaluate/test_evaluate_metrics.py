@@ -76,7 +76,7 @@ def test_bleu_by_length_words() -> None:
     subset = sacrebleu.corpus_bleu(hyps[:2], [refs[:2]]).score
     assert rows[1]["bleu"] == subset
     table = format_length_table(rows)
-    assert table.splitlines()[0].split() == ["length", "sentences", "BLEU"]
+    assert table.splitlines()[0].split() == ["length", "(words)", "sentences", "BLEU"]
     assert len(table.splitlines()) == 5
     assert len({len(line) for line in table.splitlines()}) == 1  # aligned
 
@@ -87,6 +87,7 @@ def test_bleu_by_length_cjk_chars() -> None:
     refs = ["I love you", "the weather is nice today", "this is a very long sentence"]
     rows = bleu_by_length(sources, hyps, refs, edges=(5, 10), tokenize="13a")
     assert [(r["bucket"], r["sentences"]) for r in rows] == [("1-5", 1), ("6-10", 1), ("11+", 1)]
+    assert format_length_table(rows).startswith("length (chars)  sentences")
     assert rows[1]["bleu"] == sacrebleu.corpus_bleu(hyps[1:2], [refs[1:2]]).score
     # the same sources counted in words put everything in the first bucket
     rows = bleu_by_length(sources, hyps, refs, edges=(5, 10), unit="words")

@@ -101,7 +101,7 @@ def train(config: Path, set_: SetOpt = None,
 
 @command
 def evaluate(
-    hypotheses: Path,
+    hypotheses: Annotated[Path, typer.Argument(help="hypotheses file, - for stdin")],
     references: Annotated[list[Path], typer.Argument(help="one or more reference files")],
     source: Annotated[Path | None, typer.Option(help="source file, for --by-length")] = None,
     by_length: Annotated[bool, typer.Option(help="BLEU per source-length bucket")] = False,

@@ -7,6 +7,7 @@ References are either one stream (``list[str]``, one line per hypothesis) or sev
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -18,7 +19,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
 from xinda.errors import XindaError
-from xinda.utils import read_lines
+from xinda.utils import decode_lines, read_lines
 
 Refs = Sequence[str] | Sequence[Sequence[str]]
 LengthUnit = Literal["auto", "words", "chars"]
@@ -273,7 +274,8 @@ def bleu_by_length(
     tokenize: str | None = None,
     unit: LengthUnit = "auto",
 ) -> list[dict]:
-    """Corpus BLEU per source-length bucket: ``[{"bucket": "1-10", "sentences": n, "bleu": x}]``.
+    """Corpus BLEU per source-length bucket:
+    ``[{"bucket": "1-10", "sentences": n, "bleu": x, "unit": "words" or "chars"}]``.
 
     Buckets are 1..edges[0], edges[0]+1..edges[1], ..., and edges[-1]+1 and longer; empty
     sources form a "0" bucket. Empty buckets are left out. ``unit`` "auto" counts characters
@@ -306,13 +308,14 @@ def bleu_by_length(
         sub_hyps = [hyps[i] for i in idx]
         sub_refs = [[stream[i] for i in idx] for stream in streams]
         score = bleu.corpus_score(sub_hyps, sub_refs).score
-        rows.append({"bucket": "0" if b < 0 else labels[b], "sentences": len(idx), "bleu": score})
+        rows.append({"bucket": "0" if b < 0 else labels[b], "sentences": len(idx), "bleu": score,
+                     "unit": unit})
     return rows
 
 
 def format_length_table(rows: Sequence[dict]) -> str:
-    """Render ``bleu_by_length`` rows as an aligned text table."""
-    header = ("length", "sentences", "BLEU")
+    """Render ``bleu_by_length`` rows as an aligned text table, its unit in the header."""
+    header = (f"length ({rows[0]['unit']})" if rows else "length", "sentences", "BLEU")
     body = [(r["bucket"], str(r["sentences"]), f"{r['bleu']:.2f}") for r in rows]
     widths = [max(len(row[c]) for row in [header, *body]) for c in range(3)]
     lines = [
@@ -324,9 +327,11 @@ def format_length_table(rows: Sequence[dict]) -> str:
 
 def read_hyps_refs(hyp_path: str | Path, ref_paths: Sequence[str | Path]
                    ) -> tuple[list[str], list[list[str]]]:
-    """Read a hypothesis file once and one or more reference files (plain or .gz; a pipe
-    such as /dev/stdin works for the hypotheses); every line count must match."""
-    hyps = list(read_lines(hyp_path))
+    """Read a hypothesis file once and one or more reference files (plain or .gz; "-" or a
+    pipe such as /dev/stdin for the hypotheses); every line count must match."""
+    stdin = str(hyp_path) == "-"
+    hyps = list(decode_lines(sys.stdin.buffer, "<stdin>") if stdin else read_lines(hyp_path))
+    hyp_path = "<stdin>" if stdin else hyp_path
     if not hyps:
         raise XindaError(f"{hyp_path}: no hypotheses to score (empty file)")
     streams = []
