@@ -212,3 +212,15 @@ def test_a_command_line_that_does_not_parse_is_one_line_too(xinda, one_line_erro
     proc = xinda(*args, ok=False)
     assert proc.returncode == 2
     one_line_error(proc, fragment)
+
+
+def test_the_command_list_joins_each_summary_s_lines():
+    """A docstring's first paragraph is one line in ``xinda --help``. Before: typer's rich help
+    kept its line breaks ("...(progressive training); then" / "`xinda train ...")."""
+    from typer.testing import CliRunner
+
+    from xinda.cli import app
+
+    out = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"}).output
+    grow = next(line for line in out.splitlines() if line.startswith("│ grow"))
+    assert "(progressive training): then xinda train OUT/config.yaml --resume continues" in grow

@@ -175,7 +175,12 @@ def test_average_last_two_and_translator_uses_it(trained, xinda, tmp_path):
     shutil.copytree(trained.model_dir, model)
     last_two = list_checkpoints(model)[-2:]
     proc = xinda("average", model, "--last", "2")
-    assert "averaged 2 checkpoints" in proc.stdout
+    assert "averaged 2 checkpoint(s) (" in proc.stdout and "asked" not in proc.stdout
+    count = len(list_checkpoints(model))  # (before: "averaged 1 checkpoints", not a word more)
+    more = xinda("average", model, "--last", str(count + 3),
+                 "-o", tmp_path / "averaged-all.safetensors")
+    assert f"averaged {count} checkpoint(s) (" in more.stdout
+    assert f", of the {count + 3} asked: no more in {model})" in more.stdout
     averaged = model / "averaged.safetensors"
     assert averaged.is_file()
     a, b = (load_file(str(p)) for p in last_two)

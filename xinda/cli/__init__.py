@@ -8,6 +8,7 @@ stderr with exit code 1; nothing already written is lost (all outputs are writte
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -31,10 +32,11 @@ log = logging.getLogger("xinda")
 
 
 def command(func: Callable, on: typer.Typer | None = None) -> Callable:
-    """``app.command()`` (or ``on.command()``), keeping typer's own handling of two exceptions away from the user:
-    it prints a bare "Aborted!" for an EOFError (which becomes a XindaError here; readers of
-    user files raise XindaError themselves, naming the file, so this is the last resort) and
-    exits silently on KeyboardInterrupt (here: "xinda: interrupted", exit code 130)."""
+    """``app.command()`` (or ``on.command()``), keeping typer's own handling of two exceptions
+    away from the user: it prints a bare "Aborted!" for an EOFError (which becomes a XindaError
+    here; readers of user files raise XindaError themselves, naming the file, so this is the
+    last resort) and exits silently on KeyboardInterrupt (here: "xinda: interrupted", exit
+    code 130)."""
     @functools.wraps(func)
     def run(*args, **kwargs):
         try:
@@ -44,7 +46,9 @@ def command(func: Callable, on: typer.Typer | None = None) -> Callable:
         except KeyboardInterrupt:
             print("xinda: interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
-    return (on or app).command()(run)
+    # the docstring's first paragraph on one line: typer's rich help keeps its line breaks
+    first, _, rest = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
+    return (on or app).command(help="\n\n".join(filter(None, [" ".join(first.split()), rest])))(run)
 
 
 def say(*lines: str) -> None:
@@ -166,7 +170,9 @@ def average(model_dir: Path,
         raise XindaError(f"-o {out}: exists; averaging replaces only an earlier average "
                          "(averaged*.safetensors): choose another -o")
     average_checkpoints(paths, out)
-    say(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) -> {out}")
+    fewer = f", of the {last} asked: no more in {model_dir}" if len(paths) < last else ""
+    say(f"averaged {len(paths)} checkpoint(s) ({paths[0].name} .. {paths[-1].name}{fewer}) "
+        f"-> {out}")
 
 
 @command
@@ -176,8 +182,8 @@ def grow(model_dir: Path,
          out: Annotated[Path | None, typer.Option(
              "-o", "--output", "--out", help="new model directory (default: MODEL_DIR-Nl)")
          ] = None) -> None:
-    """Copy the trained encoder of MODEL_DIR into an N-layer one (progressive training); then
-    `xinda train OUT/config.yaml --resume` continues with the learning rate reset."""
+    """Copy the trained encoder of MODEL_DIR into an N-layer one (progressive training): then
+    xinda train OUT/config.yaml --resume continues with the learning rate reset."""
     from xinda.train.grow import grow_model_dir
 
     new_dir = grow_model_dir(model_dir, to, out)

@@ -67,7 +67,7 @@ def translate(
              "log-probabilities, step by step")] = None,
     input_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
     output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
-    scores: Annotated[bool, typer.Option(help="prefix each line with its score")] = False,
+    scores: Annotated[bool, typer.Option(help="prefix each line with its score (--nbest lines carry theirs)")] = False,
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
     workers: Annotated[int | None, typer.Option(
         help="CPU processes that decode batches side by side, one thread each "
