@@ -136,6 +136,7 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--sampling", "--samples", "100000000"), ("decode.samples", "less than or equal")),
     (("--exact-length", "99999999999999999999"), ("exact length 99999999999999999999",
                                                   "writes at most")),
+    (("--ban", ","), ("--ban ',': no piece or word to ban",)),  # before: silently no ban
 ])
 def test_bad_values_are_one_line_errors(args, fragments, trained, files, xinda, one_line_error):
     folder, _ = files
@@ -275,3 +276,11 @@ def test_evaluate_reads_hypotheses_from_stdin(trained, files, xinda, tmp_path):
     assert short.stderr.strip().endswith("<stdin> has 1 lines but "
                                          f"{tmp_path / 'ref.txt'} has 6; hypotheses and "
                                          "references must be line-parallel")
+
+
+def test_a_bad_pieces_input_line_names_its_file(trained, xinda, one_line_error, tmp_path):
+    """Before: "line 2: '<pad>' is the padding piece...", which file not said."""
+    (tmp_path / "pieces.txt").write_text("▁four\n<pad> ▁five\n", encoding="utf-8")
+    proc = xinda("translate", trained.model_dir, "-i", tmp_path / "pieces.txt",
+                 "--input-format", "pieces", "--threads", "1", ok=False)
+    one_line_error(proc, f"{tmp_path / 'pieces.txt'}:2: '<pad>' is the padding piece")

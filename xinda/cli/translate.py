@@ -103,12 +103,18 @@ def translate(
     set_threads(threads)
     sampler = _sampling_options(sampling, temperature, top_k, top_p, seed, samples)
     _check_outputs(output, attention_plot)
+    if ban is not None and not ban.replace(",", "").strip():  # (before: silently no ban)
+        raise XindaError(f"--ban {ban!r}: no piece or word to ban (commas separate them)")
     lines = _read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
     check_device(device)
     translator = Translator.load(model_dir, checkpoint, device=device, ensemble=ensemble or ())
     if attention_plot is not None and not translator.model.has_attention:
         raise XindaError("--attention-plot needs an attention model; this one has none")
+    if input_format == "pieces":  # errors name the file (the Translator knows line numbers)
+        name = "<stdin>" if input is None or str(input) == "-" else input
+        for i, line in enumerate(lines, start=1):
+            translator.source_ids(line, True, f"{name}:{i}")
     constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
                                              no_repeat_ngram, ban_source_copy, exact_length,
                                              input_format, prefix and str(prefix))
