@@ -324,6 +324,18 @@ def test_every_preset_resolves_and_builds_tiny(name, make_model, make_src, make_
     assert model(make_src([4, 2]), make_prev(2, 3)).shape == (2, 3, vocab.tgt_size)
 
 
+@pytest.mark.parametrize("name", RNN_PRESETS)
+def test_fp16_autocast_on_the_cpu_runs_every_preset(name, make_model, make_src, make_prev):
+    """Before: the fused LSTM of a whole-sequence decoder (Sutskever, GNMT, Luong without
+    input feeding) failed in oneDNN under CPU fp16 autocast ("could not create a primitive
+    descriptor"): ``train.precision: fp16`` crashed at the first update."""
+    model = make_model({"preset": name, **SMALL})
+    src, prev = make_src([4, 2]), make_prev(2, 3)
+    with torch.autocast("cpu", dtype=torch.float16):
+        half = model(src, prev).float()
+    torch.testing.assert_close(half, model(src, prev), atol=0.02, rtol=0.02)
+
+
 def test_presets_follow_the_papers():
     sutskever = resolve({"preset": "rnn-sutskever"})
     assert (sutskever.encoder_layers, sutskever.decoder_layers, sutskever.reverse_source,

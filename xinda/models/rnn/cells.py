@@ -89,7 +89,16 @@ def unroll_reference(rnn: nn.RNNBase, x: Tensor, state=None):
 
 def run_rnn(rnn: nn.RNNBase, x: Tensor, state=None, reference: bool = False):
     """Fast path (fused module) or readable path (``unroll_reference``), same interface."""
-    return unroll_reference(rnn, x, state) if reference else rnn(x, state)
+    if reference:
+        return unroll_reference(rnn, x, state)
+    if x.is_cpu and torch.is_autocast_enabled("cpu") and \
+            torch.get_autocast_dtype("cpu") == torch.float16:
+        # oneDNN has no fp16 LSTM on CPUs ("could not create a primitive descriptor"): fp32
+        with torch.autocast("cpu", enabled=False):
+            floats = None if state is None else (
+                tuple(s.float() for s in state) if isinstance(state, tuple) else state.float())
+            return rnn(x.float(), floats)
+    return rnn(x, state)
 
 
 _STEP = {"lstm": torch.lstm_cell, "gru": torch.gru_cell, "rnn": torch.rnn_tanh_cell}
