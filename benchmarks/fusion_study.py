@@ -248,10 +248,13 @@ def kept_files(keep: Path, pair: str, system: str, seed: int,
 
 def restore_kept(run_dir: Path, kept: tuple[Path, Path], hyp_name: str, work: Path,
                  cfg: dict) -> bool:
-    """Put a kept run of recipe ``cfg`` into ``run_dir`` unless that holds a finished run
-    already; whether it did."""
+    """Put a kept run of recipe ``cfg`` into ``run_dir`` unless that holds a finished run of
+    this recipe already (one of another, e.g. another ``--updates``, is replaced); whether it
+    did."""
     kept_json, kept_hyp = kept
-    if (run_dir / "result.json").exists() or not kept_json.exists():
+    if not kept_json.exists() or (
+            (done := run_dir / "result.json").exists()
+            and same_recipe(json.loads(done.read_text()).get("config"), cfg)):
         return False
     text = localised(kept_json.read_text(), work)
     try:
@@ -642,7 +645,8 @@ def main() -> None:
     ap.add_argument("--pairs", default="de-en", help=f"of {','.join(PAIRS)}")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--updates", type=int, default=6000, help="updates of every run")
+    ap.add_argument("--updates", type=int, help="updates of every run (6000; with "
+                    "--gate-throughput 60)")
     ap.add_argument("--size", choices=SIZES, default="small")
     ap.add_argument("--gate", choices=GATES, default="elementwise")
     ap.add_argument("--gate-throughput", action="store_true")
@@ -663,6 +667,9 @@ def main() -> None:
         ap.error(f"unknown pair/system: {', '.join(unknown)}")
     if args.jobs < 1 or args.threads < 1:
         ap.error("--jobs and --threads must be at least 1")
+    if args.gate_throughput and args.report_only:
+        ap.error("--gate-throughput trains its runs: not with --report-only")
+    args.updates = args.updates or (60 if args.gate_throughput else 6000)
     if "baseline" not in systems:
         systems.insert(0, "baseline")  # the paired tests need it
     set_threads(args.threads, args.jobs)
@@ -673,7 +680,8 @@ def main() -> None:
             print(f"[{pair}] skipped: {SHARED / PAIRS[pair]['corpus']} not found", flush=True)
             continue
         pair_dir = work / pair / args.size
-        prepare_pair(pair, pair_dir, 0, args.threads, args.overrides)
+        if not args.report_only:
+            prepare_pair(pair, pair_dir, 0, args.threads, args.overrides)
         if args.gate_throughput:
             report["pairs"][pair] = {"gates": gate_throughput(pair, pair_dir, args)}
             tables.append(gate_markdown(pair, report["pairs"][pair]["gates"], args))
@@ -681,10 +689,14 @@ def main() -> None:
         runs = run_all(pair, pair_dir, systems, seeds, args)
         rows = summarise(pair, pair_dir, runs)
         found = compare(pair, pair_dir, runs, seeds)
-        report["pairs"][pair] = {"summary": rows, "comparisons": found, "runs": {
-            s: {seed: {k: v for k, v in r.items() if k != "config"} for seed, r in by.items()}
-            for s, by in runs.items()}}
-        tables.append(markdown(pair, rows, args, found))
+        missing = [f"{s} seed {seed}" for s in systems for seed in seeds
+                   if seed not in runs.get(s, {})]
+        report["pairs"][pair] = {"summary": rows, "comparisons": found, "missing": missing,
+                                 "runs": {s: {seed: {k: v for k, v in r.items() if k != "config"}
+                                              for seed, r in by.items()}
+                                          for s, by in runs.items()}}
+        tables.append(markdown(pair, rows, args, found)
+                      + (f"\n\nNot finished, left out: {', '.join(missing)}." if missing else ""))
         print("\n" + tables[-1] + "\n", flush=True)
         plot_valid_curves(runs, work / f"fusion_study-{pair}-valid.png",
                           f"{pair}, {args.size}, {args.updates} updates, seeds {args.seeds}")

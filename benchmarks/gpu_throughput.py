@@ -13,8 +13,9 @@ training pairs (``--lengths-from``), grouped by ``make_batches`` into
 batches of at most ``--max-tokens`` padded tokens, as training groups real data. Timed over
 ``--updates`` updates after ``--warmup`` untimed ones, with the device synchronised.
 
-Model FLOPs count useful work only (no padding): 6 x (matmul parameters x tokens) for the
-linear layers, embeddings excluded, output projection included, plus 3 x 4·d per query-key
+Model FLOPs count useful work only (no padding): 6 x (matmul parameters x the tokens they read:
+source tokens for the encoder and the cross-attention keys/values, target tokens for the rest)
+for the linear layers, embeddings excluded, output projection included, plus 3 x 4·d per query-key
 pair for every attention layer (scores and weighted sum; forward x 3 for training). MFU divides
 the achieved model FLOP/s by the device's dense bf16 peak (``--peak-tflops``; by default a
 known figure for the GPU, e.g. 989 for an H100/H200, and always also the measured peak of a
@@ -44,7 +45,10 @@ from xinda.train.loss import LossSetup, batch_loss
 from xinda.train.schedule import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
-KNOWN_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}  # dense bf16
+# dense bf16 TFLOP/s by a part of the device name, the first match counting (PCIe and NVL parts
+# before the SXM ones they share a name with)
+KNOWN_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H200 NVL": 835.0, "H200": 989.0,
+                     "H100": 989.0, "A100": 312.0, "L40S": 362.0}
 
 
 def sync(device: torch.device) -> None:
@@ -84,22 +88,25 @@ def synthetic_corpus(sentences: int, vocab: int, lengths_from: Path | None = Non
             [rng.integers(4, vocab, n) for n in tgt_lens])
 
 
-def matmul_parameters(model: torch.nn.Module) -> tuple[int, int, int]:
-    """Parameters of the linear layers of the encoder and the decoder, and the output
-    projection's (embeddings excluded; a tied output matrix counts here)."""
-    enc = sum(m.weight.numel() for n, m in model.named_modules()
-              if isinstance(m, torch.nn.Linear) and n.startswith("encoder"))
-    dec = sum(m.weight.numel() for n, m in model.named_modules()
-              if isinstance(m, torch.nn.Linear) and n.startswith("decoder"))
-    return enc, dec, model.output.weight.numel()
+def matmul_parameters(model: torch.nn.Module) -> tuple[int, int, int, int]:
+    """Parameters of the linear layers that read source tokens (the encoder's and the
+    decoder's cross-attention key/value projections) and of those that read target tokens (the
+    rest of the decoder), and the output projection's (embeddings excluded; a tied output
+    matrix counts here): (encoder, decoder, cross-attention keys/values, output)."""
+    linears = [(n, m.weight.numel()) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear)]
+    enc = sum(k for n, k in linears if n.startswith("encoder"))
+    kv = sum(k for n, k in linears if n.startswith("decoder") and n.endswith("cross_attn.kv"))
+    dec = sum(k for n, k in linears if n.startswith("decoder")) - kv
+    return enc, dec, kv, model.output.weight.numel()
 
 
-def model_flops(batch, pad: int, cfg, params: tuple[int, int, int]) -> float:
+def model_flops(batch, pad: int, cfg, params: tuple[int, int, int, int]) -> float:
     """Training FLOPs of one batch without padding (module docstring)."""
     src_len = batch.src.ne(pad).sum(1).double()
     tgt_len = batch.target.ne(pad).sum(1).double()
-    enc, dec, out = params
-    linear = 6 * (enc * src_len.sum() + (dec + out) * tgt_len.sum())
+    enc, dec, kv, out = params
+    linear = 6 * ((enc + kv) * src_len.sum() + (dec + out) * tgt_len.sum())
     pairs = (cfg.encoder_layers * (src_len**2).sum()
              + cfg.decoder_layers * ((tgt_len * (tgt_len + 1) / 2) + tgt_len * src_len).sum())
     return float(linear + 3 * 4 * cfg.d_model * pairs)

@@ -177,9 +177,15 @@ def timed(cmd: list[str], log_path: Path, append: bool = False) -> dict:
 
 def prepare_once(cfg: dict, work: Path, label: str = "") -> None:
     """``xinda prepare`` the data of ``cfg`` into its data.out_dir unless a manifest is there
-    (config and log in ``work``)."""
+    (config and log in ``work``): one prepared with other data settings is an error (before, a
+    ``--set data.vocab_size=...`` study trained on the data already there)."""
     data_bin = Path(cfg["data"]["out_dir"])
     if (data_bin / "manifest.json").exists():
+        saved = json.loads((data_bin / "manifest.json").read_text()).get("config", {})
+        asked = json.loads(json.dumps(cfg["data"], default=str))
+        if changed := sorted(k for k, v in asked.items() if saved.get(k) != v):
+            sys.exit(f"{data_bin} was prepared with other data settings ({', '.join(changed)}):"
+                     " delete it, or use another --workdir")
         return
     work.mkdir(parents=True, exist_ok=True)
     cfg_path = work / "prepare.yaml"

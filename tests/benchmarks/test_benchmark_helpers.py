@@ -217,7 +217,8 @@ def test_fusion_study_report_only_trains_nothing_and_leaves_unfinished_runs_out(
 
 def test_fusion_study_keeps_a_finished_run_and_restores_it_on_another_machine(tmp_path):
     """A finished run's result and translations are kept with portable paths; a fresh workdir
-    elsewhere gets them back with its own paths, and a finished run is never overwritten."""
+    elsewhere gets them back with its own paths, and a finished run of the recipe is never
+    overwritten."""
     args = argparse.Namespace(size="small", updates=6000, gate="elementwise", overrides=[])
     kept = fusion_study.kept_files(tmp_path / "kept", "de-en", "sublayer", 2, args)
     assert kept == (tmp_path / "kept/de-en-small-6000/sublayer-seed2.json",
@@ -246,13 +247,34 @@ def test_fusion_study_keeps_a_finished_run_and_restores_it_on_another_machine(tm
         "data": {"out_dir": str(there / "de-en/small/data-bin"),
                  "train_src": str(multi30k.SHARED / "multi30k/train.de")}}}
     assert (moved / "test.hyp").read_text() == "a man .\n"
-    (moved / "result.json").write_text("{}")
+    finished = json.dumps({"bleu": 41.0, "config": there_cfg})
+    (moved / "result.json").write_text(finished)
     assert not fusion_study.restore_kept(moved, kept, "test.hyp", there,
                                          there_cfg)  # finished: kept as is
-    assert (moved / "result.json").read_text() == "{}"
+    assert (moved / "result.json").read_text() == finished
+    # one of another recipe (another --updates in this workdir) gives way to the kept run.
+    # Before: it was kept, and --report-only left the kept run out
+    (moved / "result.json").write_text(json.dumps({"bleu": 39.0, "config": {"data": {}}}))
+    assert fusion_study.restore_kept(moved, kept, "test.hyp", there, there_cfg)
+    assert json.loads((moved / "result.json").read_text())["bleu"] == 40.1
     assert not fusion_study.restore_kept(tmp_path / "other", (tmp_path / "none.json",
                                                               tmp_path / "none.hyp"),
                                          "test.hyp", there, there_cfg)
+
+
+def test_prepared_data_of_other_settings_is_refused_not_reused(monkeypatch, tmp_path):
+    """Before: a study with ``--set data.vocab_size=16000`` found the 8k data-bin of the
+    workdir and trained on it, its results saying 16000."""
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    cfg = {"data": {"out_dir": str(data_bin), "vocab_size": 8000, "test": {"t": "/x/t"}}}
+    (data_bin / "manifest.json").write_text(json.dumps({"config": {**cfg["data"], "seed": 1}}))
+    monkeypatch.setattr(multi30k, "timed", lambda *a, **k: pytest.fail("prepared again"))
+    multi30k.prepare_once(cfg, tmp_path)  # the same settings: reused
+    cfg["data"]["vocab_size"] = 16000
+    with pytest.raises(SystemExit, match=r"data-bin was prepared with other data settings "
+                                         r"\(vocab_size\): delete it, or use another --workdir"):
+        multi30k.prepare_once(cfg, tmp_path)
 
 
 def test_fusion_study_stops_on_a_broken_kept_run_with_its_path(tmp_path):
@@ -311,22 +333,23 @@ def test_gpu_throughput_lengths_from_a_prepared_corpus_are_its_pairs(tmp_path):
 
 def test_gpu_throughput_counts_useful_training_flops_by_hand():
     """pad 0; source lengths 3, 2 and target lengths 2, 1 (EOS included); matmul parameters
-    10 (encoder), 20 (decoder), 5 (output); 1 + 2 layers of width 4:
-    linear 6 * (10 * 5 + 25 * 3) = 750; query-key pairs 1 * (9 + 4) + 2 * ((3 + 1) + (6 + 2))
-    = 37, attention 3 * 4 * 4 * 37 = 1776."""
+    10 (encoder), 20 (decoder), 4 (cross-attention keys/values: they read the source), 5
+    (output); 1 + 2 layers of width 4: linear 6 * (14 * 5 + 25 * 3) = 870; query-key pairs
+    1 * (9 + 4) + 2 * ((3 + 1) + (6 + 2)) = 37, attention 3 * 4 * 4 * 37 = 1776."""
     batch = SimpleNamespace(src=torch.tensor([[5, 6, 2], [5, 2, 0]]),
                             target=torch.tensor([[7, 2], [2, 0]]))
     cfg = SimpleNamespace(encoder_layers=1, decoder_layers=2, d_model=4)
-    assert gpu_throughput.model_flops(batch, 0, cfg, (10, 20, 5)) == 750 + 1776
+    assert gpu_throughput.model_flops(batch, 0, cfg, (10, 20, 4, 5)) == 870 + 1776
 
 
 def test_gpu_throughput_matmul_parameters_of_a_transformer(make_model):
     """d 8, FFN 16, 1 + 1 layers: encoder q/k/v 8x24 + out 8x8 + FFN 2 x 8x16 = 512; decoder
-    adds cross-attention (q 8x8, k/v 8x16, out 8x8) = 768; output V x 8."""
+    adds cross-attention q 8x8 and out 8x8 = 640; its k/v 8x16 = 128 read the source; output
+    V x 8."""
     model = make_model({"arch": "transformer", "d_model": 8, "heads": 2, "ffn_dim": 16,
                         "encoder_layers": 1, "decoder_layers": 1, "tie_output": False})
-    enc, dec, out = gpu_throughput.matmul_parameters(model)
-    assert (enc, dec, out) == (512, 768, model.vocab.tgt_size * 8)
+    enc, dec, kv, out = gpu_throughput.matmul_parameters(model)
+    assert (enc, dec, kv, out) == (512, 640, 128, model.vocab.tgt_size * 8)
 
 
 def test_fusion_study_speeds_are_averaged_and_compared_only_within_a_setting(tmp_path):
