@@ -294,6 +294,15 @@ def test_fp16_updates_skipped_for_overflow_are_not_counted(prepared, tmp_path, c
     assert adam_steps == {3} and trainer.scaler.get_scale() < 2.0**40
 
 
+def test_a_run_ending_at_an_epoch_end_logs_its_last_row_in_that_epoch(prepared, tmp_path,
+                                                                       per_epoch):
+    """Before: the row of the updates left after the last full window carried the next epoch
+    (3 of a 2-epoch run), already counted up by the epoch's end."""
+    run(prepared, tmp_path, max_epochs=2, log_every=10**6)
+    train_rows = [r for r in rows(tmp_path) if r["train_loss"]]
+    assert [(r["step"], r["epoch"]) for r in train_rows] == [(str(2 * per_epoch), "2")]
+
+
 def test_the_updates_after_the_last_full_window_get_a_row_logged_once(prepared, tmp_path):
     """Before: updates 6-7 of a 7-update run with a row every 5 were in no row of log.csv. The
     final row is logged again, not twice, when the run is resumed."""

@@ -234,6 +234,26 @@ def test_fp16_overflowing_at_every_update_stops_at_the_minimum_loss_scale():
     assert torch.equal(weight.detach(), before)
 
 
+def test_sgd_momentum_is_unchanged_by_an_fp16_update_skipped_first():
+    """Fused SGD made its momentum buffers with torch.empty at its first step, before seeing
+    the overflow that skipped it: the next updates used uninitialised memory (1e14 here, found
+    by review). Now a skipped first update leaves the updates after it as without it."""
+    def train(skip_first: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(64, 64)
+        optimizer = make_optimizer(cfg(optimizer="sgd", lr=0.1, momentum=0.9),
+                                   layer.parameters())
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+        for update in range(3 if skip_first else 2):
+            x = torch.full((2, 64), math.inf if skip_first and update == 0 else 1.0)
+            scaler.scale(layer(x).sum()).backward()
+            assert optimizer_step(optimizer, scaler, update + 1) != (skip_first and update == 0)
+            optimizer.zero_grad(set_to_none=True)
+        return layer.weight.detach()
+
+    torch.testing.assert_close(train(skip_first=True), train(skip_first=False), rtol=0, atol=0)
+
+
 def test_noam_refuses_a_min_lr_above_its_peak():
     """Before: lr 2, d 512, warm-up 8000 peaks at 9.9e-4, and min_lr 1e-3 made the rate jump
     up at update 8000 and never decay, silently (found by review; noam's peak needs d_model,

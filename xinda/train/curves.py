@@ -44,9 +44,10 @@ class CsvLog:
         atomic_save(self.path, write)
 
     def write_window(self, p: Progress, lr: float) -> None:
-        """The train row of the updates in ``p.log_window``: per-token loss and NLL, tokens/s."""
+        """The train row of the updates in ``p.log_window``: per-token loss and NLL, tokens/s;
+        its epoch the last update's (at an epoch's start, with no batch done, the one before)."""
         loss, nll, ntok, seconds = p.log_window
-        self.write(step=p.step, epoch=p.epoch, lr=lr, train_loss=loss / ntok,
+        self.write(step=p.step, epoch=p.epoch - (p.batch == 0), lr=lr, train_loss=loss / ntok,
                    train_nll=nll / ntok, tok_per_s=ntok / seconds, elapsed_s=p.train_seconds)
 
     def write(self, **row) -> None:

@@ -65,8 +65,12 @@ def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                 weight_decay=cfg.weight_decay, fused=True)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, fused=True)
+    sgd = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay, fused=True)
+    if cfg.momentum:  # fused SGD's first step makes its buffers with torch.empty, then skips an
+        for p in params:  # fp16 overflow: uninitialised momentum. Zeros: torch's first step
+            sgd.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return sgd
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
