@@ -53,14 +53,16 @@ def config(tmp_path: Path, **kw) -> DataConfig:
 
 
 def crafted_pairs() -> list[tuple[str, str]]:
-    """Pairs that every filter drops somewhere, duplicates far apart (other chunks)."""
+    """Pairs that every filter drops somewhere, duplicates far apart (other chunks), one only
+    once cleaned (NFKC: a no-break space; before: kept as another pair)."""
     pairs = make_pairs(240, seed=11)
     long_en = " ".join(["the big red cat"] * 12) + "."
     pairs[5] = ("The dog runs.", "")
     pairs[17] = (long_en, long_en.replace("the big red cat", "der groß rot katze"))
     pairs[30] = ("Dog.", "Der hund und die katze und der mann und das auto und das haus.")
     pairs[41] = ("The\x00 cat.", "Die katze.")
-    return pairs + pairs[100:110] + [pairs[3], pairs[3]] + pairs[200:205]
+    alike = (pairs[7][0].replace(" ", "\u00a0", 1), pairs[7][1])  # the same once cleaned
+    return pairs + pairs[100:110] + [pairs[3], pairs[3], alike] + pairs[200:205]
 
 
 def reference(cfg, pairs) -> dict:
@@ -72,14 +74,14 @@ def reference(cfg, pairs) -> dict:
     text = [["" if c else pipe.preprocess(x) for x, c in zip(lines, control)]
             for pipe, lines in zip(pipes, raw)]
     usable = [i for i, (s, t) in enumerate(zip(*text)) if s and t]  # both sides non-empty
-    if cfg.dedup:  # the first of identical pairs
-        usable = sorted({pairs[i]: i for i in reversed(usable)}.values())
+    if cfg.dedup:  # the first of pairs identical once cleaned
+        usable = sorted({(text[0][i], text[1][i]): i for i in reversed(usable)}.values())
     model = train_spm([side[i] for side in text for i in usable], cfg)
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_proto=model)
     src, tgt = (encode_lines(sp, side) for side in text)
-    keep, report = filter_train(raw, src, tgt, cfg, control)
+    keep, report = filter_train((text[0], text[1]), src, tgt, cfg, control)
     return {"model": model, "src": src.select(keep), "tgt": tgt.select(keep), "report": report}
 
 
@@ -98,7 +100,7 @@ def test_chunked_prepare_equals_the_whole_corpus_pipeline(tmp_path):
     assert same_arrays(src, ref["src"]) and same_arrays(tgt, ref["tgt"])
     assert manifest["filter_report"] == ref["report"]
     dropped = ref["report"]["dropped"]
-    assert dropped["duplicate"] == 17 and min(dropped.values()) == 1  # every filter at work
+    assert dropped["duplicate"] == 18 and min(dropped.values()) == 1  # every filter at work
     assert manifest["splits"]["train"] == {"pairs": len(src), "src_tokens": int(src.ids.size),
                                            "tgt_tokens": int(tgt.ids.size)}
 

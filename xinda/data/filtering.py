@@ -6,7 +6,8 @@ either side, an empty side, a side longer than ``data.max_len`` pieces, a length
 pieces), or (``data.dedup``) being an exact repeat of an earlier kept pair.
 
 Deduplication is exact over the whole corpus, chunk after chunk, with bounded memory per pair:
-it keeps a set of 16-byte BLAKE2b digests of the raw pairs, not the text. That set is the one
+it keeps a set of 16-byte BLAKE2b digests of the pairs as cleaned and pre-tokenised (two
+lines that normalise alike are one pair), not the text. That set is the one
 part of ``prepare`` that grows with the corpus: about 100 bytes per distinct kept pair (measured;
 a 49-byte ``bytes`` object, its set slot and allocator overhead), so 100 million distinct pairs
 need ~10 GB; turn ``data.dedup`` off for larger corpora, or deduplicate them beforehand. (A
@@ -28,10 +29,10 @@ Pair = tuple[list[str], list[str]]  # (src lines, tgt lines)
 FILTERS = ("empty", "too_long", "length_ratio", "duplicate", "control_chars")
 
 
-def pair_keys(raw: Pair) -> list[bytes]:
-    """The deduplication key of each raw pair: a 16-byte digest of both sides."""
+def pair_keys(pairs: Pair) -> list[bytes]:
+    """The deduplication key of each pair: a 16-byte digest of both sides."""
     return [hashlib.blake2b(f"{s}\n{t}".encode(), digest_size=16).digest()
-            for s, t in zip(*raw)]  # no line holds "\n": the split between sides is exact
+            for s, t in zip(*pairs)]  # no line holds "\n": the split between sides is exact
 
 
 def _first_occurrences(keys: Sequence[bytes], candidates: np.ndarray,
@@ -68,13 +69,14 @@ def filter_chunk(keys: Sequence[bytes] | None, src: TokenArrays, tgt: TokenArray
     return keep, {k: int(v.sum()) for k, v in counts.items()}
 
 
-def filter_train(raw: Pair, src: TokenArrays, tgt: TokenArrays, cfg: DataConfig,
+def filter_train(text: Pair, src: TokenArrays, tgt: TokenArrays, cfg: DataConfig,
                  control: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-    """Keep-mask and report of a whole (in-memory) corpus; each dropped pair is counted under
-    its first failed check (``control``, the pairs with control characters, first)."""
+    """Keep-mask and report of a whole (in-memory) corpus, ``text`` its lines as cleaned and
+    pre-tokenised (the deduplication keys); each dropped pair is counted under its first
+    failed check (``control``, the pairs with control characters, first)."""
     if control is None:
         control = np.zeros(len(src), dtype=bool)
-    keys = pair_keys(raw) if cfg.dedup else None
+    keys = pair_keys(text) if cfg.dedup else None
     keep, dropped = filter_chunk(keys, src, tgt, cfg, control, set())
     return keep, report(len(src), dropped)
 

@@ -62,14 +62,15 @@ class Chunk:
 
     text: Pair
     control: np.ndarray
-    keys: list[bytes] | None  # deduplication keys of the raw pairs (with data.dedup)
+    keys: list[bytes] | None  # deduplication keys of the cleaned pairs (with data.dedup)
 
 
 def preprocess_chunk(pipes: tuple[TextPipeline, TextPipeline], dedup: bool, raw: Pair) -> Chunk:
     control = control_mask(raw)
     src, tgt = (["" if c else pipe.preprocess(x) for x, c in zip(lines, control)]
                 for pipe, lines in zip(pipes, raw))
-    return Chunk((src, tgt), control, pair_keys(raw) if dedup else None)
+    # keyed once cleaned: "难以置信！" and "难以置信!" are one pair after NFKC (before: two)
+    return Chunk((src, tgt), control, pair_keys((src, tgt)) if dedup else None)
 
 
 @dataclass
