@@ -58,6 +58,24 @@ def test_other_prepared_data_is_refused(trained, xinda, one_line_error, model, t
     assert files(model) == before
 
 
+def test_data_prepared_with_other_settings_is_refused_other_files_warned(
+        trained, xinda, one_line_error, tmp_path):
+    """A prepare with a new vocab_size that failed left the old data, and train used it while
+    its config (and the model's) said the new size: before, silently."""
+    data = trained.prepared.data_dir
+    proc = xinda("train", trained.prepared.config, "--set", f"train.out_dir={tmp_path / 'a'}",
+                 "--set", "data.vocab_size=90", "--set", "data.lowercase=true", ok=False)
+    one_line_error(proc, f"{data}: prepared with other data settings than the config's "
+                         "(data.lowercase False -> True, data.vocab_size ", " -> 90): run xinda "
+                         "prepare again")
+    assert not (tmp_path / "a").exists()
+    moved = xinda("train", trained.prepared.config, "--set", f"train.out_dir={tmp_path / 'b'}",
+                  "--set", "train.max_steps=1", "--set", f"data.train={tmp_path / 'moved'}",
+                  "--set", "data.workers=2")  # (a setting of how, not what: no warning)
+    assert f"{data}: prepared from other files than the config names (data.train " in moved.stderr
+    assert "data.workers" not in moved.stderr
+
+
 def test_dropout_and_limits_may_change_and_optimizer_settings_come_from_the_config(
         trained, xinda, model):
     resume(xinda, trained, model, "model.dropout=0.2", "train.weight_decay=0.5",

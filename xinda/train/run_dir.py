@@ -55,6 +55,29 @@ def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: P
                          "checkpoint to continue from; choose another train.out_dir")
     if found:
         check_same_run(out, cfg, data_dir, manifest)
+    check_prepared_as_configured(cfg, data_dir, manifest)
+
+
+# data settings that do not change what ``prepare`` writes (out_dir: a caller's data_dir wins)
+_DATA_HOW = ("out_dir", "chunk_size", "workers")
+_DATA_FILES = ("train", "valid", "test", "spm_model")  # may have moved since: a warning
+
+
+def check_prepared_as_configured(cfg: ExperimentConfig, data_dir: Path, manifest: dict) -> None:
+    """Refuse data that ``prepare`` made with other data settings than the config's (before, a
+    run whose ``xinda prepare`` with a new vocab_size failed trained on the old data, saying
+    the new size); other input files are a warning. Settings the manifest predates pass."""
+    saved = manifest.get("config") or {}
+    now = cfg.data.model_dump(mode="json")
+    changed = [k for k in now if k in saved and k not in _DATA_HOW and saved[k] != now[k]]
+    if settings := [f"data.{k} {saved[k]!r} -> {now[k]!r}" for k in changed
+                    if k not in _DATA_FILES]:
+        raise XindaError(f"{data_dir}: prepared with other data settings than the config's "
+                         f"({', '.join(settings)}): run xinda prepare again, or train with the "
+                         "settings it was prepared with")
+    if changed:
+        log.warning("%s: prepared from other files than the config names (%s)", data_dir,
+                    ", ".join(f"data.{k} {saved[k]!r}, now {now[k]!r}" for k in changed))
 
 
 def check_batches_per_update(out: Path, state: dict, world: int, update_freq: int) -> None:
