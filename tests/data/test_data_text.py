@@ -39,6 +39,9 @@ from xinda.data.text import SPACE_MARK, TextPipeline
         # before: "snake _ case", "_ _ init _ _", "C + +", "C #", "# 2", "# tag @ user"
         ("en", "Call snake_case in __init__, in C++ or C#; see #2, #tag and @user."),
         ("de", "Nr. #2 ist in C++ geschrieben, nicht in C#."),
+        # before: "http: / / www.enron.com/x.html", "„Open“ -Schild"
+        ("en", "See http://www.enron.com/x.html or (https://a.b/c?d=e&f=g)."),
+        ("de", "Vor einem „Open“-Schild steht ein \"Stop\"-Schild."),
     ],
 )
 def test_moses_round_trip(lang, line):
@@ -124,7 +127,9 @@ def test_a_sentencepiece_space_symbol_is_cleaned_to_an_underscore(tmp_path):
      # before: "10: 30", "www. google. com", "a_b@c. com"
      "会议在10:30开始。", "访问www.google.com查看。", "写信到a_b@c.com吧。",
      # before: "Tom&Jerry和a-b=c", "x+y"
-     "看Tom & Jerry和a - b = c。", "用e-mail发COVID-19的x + y，温度-5度。"],
+     "看Tom & Jerry和a - b = c。", "用e-mail发COVID-19的x + y，温度-5度。",
+     # before: "“还要咖啡吗?” “不了", "a? b = c获取"
+     "“还要咖啡吗？”“不了，谢谢。”", "访问http://www.example.com/a?b=c获取信息。"],
 )
 def test_jieba_round_trip(line):
     pipe = TextPipeline("NFKC", False, "jieba", "zh")

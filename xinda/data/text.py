@@ -33,7 +33,8 @@ _IN_WORD_QUOTES = "'’"  # apostrophes between letters
 # detokenising need not guess whether a space was there: "www.google.com", "a_b@c.com",
 # "10:30", "1,000", "3.5", "don't", "R&D", "and/or", "e-mail" (not "ok. then", "1, 2").
 _LATIN = "0-9A-Za-z_\u00c0-\u024f\u0370-\u04ff"  # ASCII, Latin-1 and Extended, Greek, Cyrillic
-_JIEBA_KEEP = re.compile(f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’-][{_LATIN}]+)+")
+_JIEBA_KEEP = re.compile(f"(?<![{_LATIN}/])(?:https?|ftp)://[!-~]*[A-Za-z0-9/_=#&%~+-]|"
+                         f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’-][{_LATIN}]+)+")  # and URLs
 # So a token of these signs between two Latin words or numbers had spaces: "Tom & Jerry", "a - b"
 _OPERATORS = frozenset("&+-=*/|<>~×÷–—")
 # Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times, ratios
@@ -50,6 +51,10 @@ _MOSES_KEEP_CURLY = r"[‘’][^\W\d_]+(?:’[^\W\d_]*)*|(?<![^\W\d_])[^\W\d_]+(
 _MOSES_KEEP_IN_WORD = r"(?:(?<!\d)\d+(?:[.,]\d+)+|(?<!\w)\w+)(?:[&/@_]\w+)+"
 # Hashtags, mentions and numbers ("#2", "@user") and "C++", "C#" (they came back as "# 2"...).
 _MOSES_KEEP_SIGNS = r"(?<!\w)[#@]\w+|(?<!\w)\w+(?:\+\+|#)(?![\w+#])"
+# URLs ("http: / / www..." came back) without the punctuation that ends a sentence after them,
+# and a quoted word in a compound: „Open“-Schild (came back as "„Open“ -Schild").
+_MOSES_KEEP_URLS = r"(?<![\w/])(?:https?|ftp)://[!-~]*[a-z0-9/_=#&%~+-]"
+_MOSES_KEEP_QUOTED = r"(?<!\w)[„\"“‚‘][^\W\d_]+[“”\"‘’]-\w+"
 # The patterns' leading runs are anchored by look-behinds: a match from inside a run would end
 # where one from its start ends, and without the anchor the search retried from every
 # character of the run, quadratic in its length (16,000 letters took 20 s).
@@ -77,9 +82,10 @@ def _moses_tokenizer(lang: str):
 
 @cache
 def _moses_protected(lang: str) -> tuple[str, ...]:
+    first = (_MOSES_KEEP_URLS, _MOSES_KEEP_QUOTED, _MOSES_KEEP_TIMES)
     if lang in _MOSES_APOSTROPHE_LANGS:
-        return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD, _MOSES_KEEP_SIGNS)
-    return (_MOSES_KEEP_TIMES, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD,
+        return (*first, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD, _MOSES_KEEP_SIGNS)
+    return (*first, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD,
             _MOSES_KEEP_SIGNS)
 
 
@@ -202,10 +208,11 @@ def _quote_roles(tokens: list[str]) -> list[tuple[str | None, str | None]]:
 
 
 def _needs_space(before: str, left: str, right: str,
-                 roles: tuple[str | None, str | None]) -> bool:
+                 roles: tuple[str | None, str | None], after: str = " ") -> bool:
     """Whether detokenised jieba output keeps a space between two tokens, ``left`` and
     ``right``; ``roles``: the quotation-mark roles of ``left[-1]`` and ``right[0]``;
-    ``before``: the character written before ``left[-1]`` (a space at the start)."""
+    ``before``: the character written before ``left[-1]`` (a space at the start); ``after``:
+    the first one of the token after ``right`` (a space at the end)."""
     a, b = left[-1], right[0]
     if _is_wide(a) or _is_wide(b):
         return False
@@ -215,8 +222,10 @@ def _needs_space(before: str, left: str, right: str,
         return True
     if roles[0] == "open" or roles[1] == "close":
         return False
+    if roles[1] == "open" and roles[0] == "close":  # two quotations: spaced in Latin text
+        return not (_is_wide(before) or _is_wide(after))  # ("“吗?” “不”" came back)
     if roles[1] == "open":  # not after Chinese punctuation (NFKC: "：" to ":")
-        return a.isalnum() or roles[0] == "close" or (a in _CLOSING and not _is_wide(before))
+        return a.isalnum() or (a in _CLOSING and not _is_wide(before))
     if roles[0] == "close" or a.isalnum() or a in _CLOSING:
         return b.isalnum() or b in _OPENING
     return False
@@ -234,7 +243,8 @@ def jieba_detokenize(text: str) -> str:
     out = tokens[0]
     for i in range(1, len(tokens)):
         before, pair = out[-2] if len(out) > 1 else " ", (roles[i - 1][1], roles[i][0])
-        space = {i, i - 1} & spaced or _needs_space(before, tokens[i - 1], tokens[i], pair)
+        after = tokens[i + 1][0] if i + 1 < len(tokens) else " "
+        space = {i, i - 1} & spaced or _needs_space(before, tokens[i - 1], tokens[i], pair, after)
         out += (" " if space else "") + tokens[i]
     return out
 
