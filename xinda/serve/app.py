@@ -58,7 +58,7 @@ STATIC = Path(__file__).with_name("static")
 POSTS = frozenset({"/v1/translate", "/v1/couplet", "/v1/poem"})  # JSON bodies, checked
 ENDPOINTS = {"/", "/health", "/metrics", "/docs", "/openapi.json", "/v1/models", *POSTS}
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 413, 415, 422, 429)}
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 422, 429, 504)}
 
 
 class Service:
@@ -171,7 +171,7 @@ class Service:
         try:
             return await asyncio.wait_for(results(job, request), self.settings.timeout_s)
         except asyncio.TimeoutError:  # the job was abandoned
-            raise ApiError(408, "timeout", f"no result within {self.settings.timeout_s:g} s"
+            raise ApiError(504, "timeout", f"no result within {self.settings.timeout_s:g} s"
                            ) from None
         except (XindaError, ApiError):
             raise
@@ -339,7 +339,8 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
 
     app.include_router(routes(svc))
     app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes,
-                       body_paths=POSTS)
+                       body_paths=POSTS,
+                       hosts=None if settings.api_key else frozenset((*LOOPBACK, "")))
     if settings.cors_origins:  # added last = outermost: the guard's refusals get CORS too
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST"],

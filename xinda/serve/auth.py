@@ -21,7 +21,8 @@ def check_api_key(request: Request, key: str | None) -> None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     given = request.headers.get("x-api-key") or (
-        token.strip() if scheme.lower() == "bearer" else "")  # the scheme: any case
+        token.strip(" \t") if scheme.lower() == "bearer" else "")  # the scheme: any case;
+    # HTTP's blanks only: str.strip() also took "\x85" and "\xa0", bytes of UTF-8 ("à")
     # header values arrive decoded as Latin-1: their bytes are what the client sent
     if not hmac.compare_digest(given.encode("latin-1"), key.encode("utf-8")):
         raise ApiError(401, "unauthorized", "a valid API key is required (header "

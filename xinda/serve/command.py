@@ -40,7 +40,7 @@ def serve(
                            ] = _serve_default("max_wait_ms"),
     queue_size: Annotated[int, typer.Option(help="waiting requests per model (beyond: 429)")
                           ] = _serve_default("queue_size"),
-    timeout: Annotated[float, typer.Option(help="seconds per request (beyond: 408)")
+    timeout: Annotated[float, typer.Option(help="seconds per request (beyond: 504)")
                        ] = _serve_default("timeout_s"),
     max_texts: Annotated[int, typer.Option(help="texts per request")
                          ] = _serve_default("max_texts"),

@@ -1,5 +1,6 @@
-"""ASGI middleware in front of the app: request metrics, the body checks that must happen
-before FastAPI reads the body (a body over ``max_body_bytes`` is a 413 without being read whole;
+"""ASGI middleware in front of the app: request metrics, the Host check of a server without an
+API key (loopback names only: a site whose name resolves here, by DNS rebinding, could use it
+from a browser), the body checks that must happen before FastAPI reads the body (a body over ``max_body_bytes`` is a 413 without being read whole;
 a body that is not declared JSON is a 415, one that is not UTF-8 a 400), and the 500 of an
 unexpected exception (here, inside the CORS middleware, so that it carries CORS headers too)."""
 
@@ -23,11 +24,12 @@ class RequestGuard:
     shape."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int,
-                 body_paths: frozenset[str] = frozenset()):
+                 body_paths: frozenset[str] = frozenset(), hosts: frozenset[str] | None = None):
         """``body_paths``: the paths whose POST bodies are checked (any other request goes on
-        as it came: routing answers a wrong method with 405, an unknown path with 404)."""
+        as it came: routing answers a wrong method with 405, an unknown path with 404);
+        ``hosts``: the host names a request may name (None: any)."""
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
-        self.body_paths = body_paths
+        self.body_paths, self.hosts = body_paths, hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,7 +44,12 @@ class RequestGuard:
 
         self.metrics.in_flight.inc()
         try:
-            if scope["method"] == "POST" and scope["path"] in self.body_paths:
+            if self.hosts is not None and (host := host_name(scope)) not in self.hosts:
+                names = ", ".join(sorted(self.hosts - {""}))
+                await error_response(400, "bad_host", f"Host {host!r}: without an API key this "
+                                     f"server answers requests to {names} only (--api-key "
+                                     "allows others)")(scope, receive, send_status)
+            elif scope["method"] == "POST" and scope["path"] in self.body_paths:
                 if not await self._with_body(scope, receive, send_status):
                     status[0] = CLIENT_GONE
             else:
@@ -96,6 +103,15 @@ class RequestGuard:
     def _too_large(self):
         return error_response(413, "too_large", f"the request body is over "
                               f"{self.max_body_bytes} bytes", {"Connection": "close"})
+
+
+def host_name(scope: Scope) -> str:
+    """The host name of the request's Host header, lower case, without port or IPv6 brackets
+    ("" without the header)."""
+    host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.partition(":")[0]
 
 
 def _is_json_type(scope: Scope) -> bool:

@@ -18,9 +18,13 @@ MAX_NGRAM = 16
 MAX_LENGTH = 1024  # exact_length
 MAX_ACROSTIC = 16  # lines of an acrostic poem
 MAX_NAME = 200  # characters of a model name
+# items of a list field (texts, prefixes, keywords), refused before the items are checked: 500k
+# wrong-typed items took pydantic seconds on the event loop (ServeSettings.max_texts <= this)
+MAX_ITEMS = 10_000
 Name = Annotated[str | None, Field(max_length=MAX_NAME, description="a served model's name; "
                                    "optional when one model is served")]
-Texts = Annotated[str | list[str], Field(description="one line or a list of lines")]
+Texts = Annotated[str | Annotated[list[str], Field(max_length=MAX_ITEMS)],
+                  Field(description="one line or a list of lines")]
 NBestCount = Annotated[int | None, Field(ge=1, le=MAX_BEAM)]
 
 
@@ -29,7 +33,8 @@ class Strict(BaseModel):
 
 
 class Constraints(Strict):
-    prefix: list[str] | None = Field(None, description="a target prefix per text ('' = none)")
+    prefix: Annotated[list[str], Field(max_length=MAX_ITEMS)] | None = Field(
+        None, description="a target prefix per text ('' = none)")
     ban: list[Annotated[str, Field(max_length=MAX_WORD)]] = Field(
         default_factory=list, max_length=MAX_BAN, description="target pieces or one-piece words")
     no_repeat_ngram: int = Field(0, ge=0, le=MAX_NGRAM, description="0 = off")
@@ -73,7 +78,7 @@ class CoupletRequest(Strict):
 
 class PoemRequest(Strict):
     model: Name = None
-    keywords: str | list[str] = Field(
+    keywords: str | Annotated[list[str], Field(max_length=MAX_ITEMS)] = Field(
         default_factory=list, description="a list, or one string separated by spaces or commas")
     acrostic: str = Field("", max_length=MAX_ACROSTIC, description="藏头: first characters")
     form: int = Field(7, description="characters per line: 5 or 7")
@@ -91,8 +96,9 @@ class Hypothesis(BaseModel):
     score: float | None  # None where the score is not finite
     source_pieces: list[str] | None = None
     target_pieces: list[str] | None = None
-    attention: list[list[float]] | None = Field(None, description="only when asked: rows = "
-                                                "target pieces + EOS, cols = source pieces + EOS")
+    attention: list[list[float]] | None = Field(None, description="only when asked (null for "
+                                                "a model without attention): rows = target "
+                                                "pieces + EOS, cols = source pieces + EOS")
 
 
 class Translated(BaseModel):

@@ -24,9 +24,9 @@ class ServeSettings(BaseModel):
     # limits
     queue_size: int = Field(256, ge=1)  # waiting jobs per model; beyond: 429
     retry_after_s: int = Field(1, ge=1)  # the Retry-After of a 429
-    # per request, queueing included; then 408
+    # per request, queueing included; then 504 (not 408, which browsers send again)
     timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
-    max_texts: int = Field(64, ge=1)  # texts per request
+    max_texts: int = Field(64, ge=1, le=10_000)  # texts per request (schemas.MAX_ITEMS)
     max_chars: int = Field(1000, ge=1)  # characters per text
     max_body_bytes: int = Field(1 << 20, ge=1)  # request body size; beyond: 413
     # decoder row-steps per request (sum over its texts of beam or samples x output length

@@ -88,7 +88,8 @@ def translate_measures(translator: Translator, options: dict, inputs: Sequence[L
     _, limits = length_bounds(constraints(translator, options, inputs), limits, cap)
     sources = torch.where(sizes > 0, sizes + 1, 0)
     rows = dec.samples if dec.sampling else dec.beam
-    outputs = (dec.samples if dec.sampling else dec.nbest) if options.get("attention") else 0
+    asked = options.get("attention") and translator.model.has_attention  # (else: null)
+    outputs = (dec.samples if dec.sampling else dec.nbest) if asked else 0
     return rows * int(limits[sources > 0].sum()), outputs * int((limits * sources).sum())
 
 
