@@ -294,6 +294,20 @@ def test_fp16_updates_skipped_for_overflow_are_not_counted(prepared, tmp_path, c
     assert adam_steps == {3} and trainer.scaler.get_scale() < 2.0**40
 
 
+def test_an_epoch_whose_fp16_updates_all_overflowed_is_not_validated_again(prepared, tmp_path):
+    """A loss scale of 2^60 halves once per skipped update: the first epochs take no update.
+    Before: each validated the untrained weights again at update 0 and counted as a bad
+    epoch for patience (found by review)."""
+    cfg = load_config(prepared.config, [f"train.out_dir={tmp_path}", "train.valid_bleu=false",
+                                        "train.precision=fp16", "train.max_epochs=2",
+                                        "train.patience=1"])
+    trainer = Trainer(cfg, prepared.data_dir)
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**60)
+    progress = trainer.train()
+    assert progress.step == 0 and progress.bad_epochs == 0  # (every update skipped)
+    assert not [r for r in rows(tmp_path) if r["valid_loss"]]
+
+
 def test_a_run_ending_at_an_epoch_end_logs_its_last_row_in_that_epoch(prepared, tmp_path,
                                                                        per_epoch):
     """Before: the row of the updates left after the last full window carried the next epoch

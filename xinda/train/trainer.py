@@ -200,9 +200,8 @@ class Trainer:
         log.info("model %s: %s parameters, %s, %s", self.model_cfg.arch,
                  f"{self.model.num_parameters():,}", self.device, self.precision)
         if self.ranks.enabled:
-            log.info("data-parallel: %d ranks; batch per update: %d tokens x %d ranks x %d "
-                     "(update_freq)", self.ranks.world, tc.max_tokens, self.ranks.world,
-                     tc.update_freq)
+            log.info("data-parallel: %d ranks; batch per update: that many x %d tokens x %d "
+                     "(update_freq)", self.ranks.world, tc.max_tokens, tc.update_freq)
         self._clock, self._wall_base = time.perf_counter(), p.wall_seconds
         # resumed from a finished run, maybe owing the epoch end or the last validation that
         # a kill interrupted (all ranks decide alike: the clock is each rank's)
@@ -345,8 +344,9 @@ class Trainer:
         stopping triggers, or a limit (the validation's time counted) before the checkpoint,
         which then records the time spent: a resumed run stops at once."""
         p = self.progress
-        # rank 0 validates; the others follow its decision, and fail with its error
-        stop = (self.cfg.train.run_validation and self.has_valid
+        # rank 0 validates (not weights validated already: an epoch whose fp16 updates all
+        # overflowed); the others follow its decision, and fail with its error
+        stop = (self.cfg.train.run_validation and self.has_valid and p.validated_step != p.step
                 and self.ranks.main_only(self.validate_epoch))
         stop = self.ranks.any(self.limit_reached())[0] or stop
         p.epoch, p.batch, p.validated_step = p.epoch + 1, 0, p.step
