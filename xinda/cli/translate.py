@@ -67,7 +67,8 @@ def translate(
              "log-probabilities, step by step")] = None,
     input_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
     output_format: Annotated[str, typer.Option(help="text | pieces")] = "text",
-    scores: Annotated[bool, typer.Option(help="prefix each line with its score (--nbest lines carry theirs)")] = False,
+    scores: Annotated[bool, typer.Option(
+        help="prefix each line with its score (--nbest lines carry theirs)")] = False,
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
     workers: Annotated[int | None, typer.Option(
         help="CPU processes that decode batches side by side, one thread each "
@@ -90,7 +91,8 @@ def translate(
     temperature: Annotated[float | None, typer.Option(help="sampling temperature > 0")] = None,
     top_k: Annotated[int | None, typer.Option(help="sample from the k best (0 = all)")] = None,
     top_p: Annotated[float | None, typer.Option(help="nucleus sampling, in (0, 1]")] = None,
-    seed: Annotated[int | None, typer.Option(help="sampling seed (same lines and --batch-size: same samples)")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="sampling seed (same lines and --batch-size: same samples)")] = None,
     samples: Annotated[int | None, typer.Option(help="samples per line, written like --nbest")
                        ] = None,
     set_: Annotated[list[str] | None, typer.Option(

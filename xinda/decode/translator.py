@@ -2,13 +2,13 @@
 
 Input lines go through the model directory's own pre-processing (normalisation,
 pre-tokenisation, sentencepiece), are batched by length, decoded, restored to input order and
-detokenised. N lines in always give N lines out: an empty line translates to empty lines (one per
-n-best entry or sample), and an over-long line is truncated (with a warning) to what the model's position
-table holds, never dropped. A line for which the search finds no output that satisfies the
-caller's constraints (an empty line too, when they ask for a non-empty output) gets one
-Translation with ``text=""`` and ``error`` set. The search does not look ahead: when every beam
-has run into a dead end, an output that satisfies them may still exist (a wider beam can find
-it).
+detokenised. N lines in always give N lines out: an empty line translates to empty lines (one
+per n-best entry or sample), and an over-long line is truncated (with a warning) to what the
+model's position table holds, never dropped. A line for which the search finds no output that
+satisfies the caller's constraints (an empty line too, when they ask for a non-empty output)
+gets one Translation with ``text=""`` and ``error`` set. The search does not look ahead: when
+every beam has run into a dead end, an output that satisfies them may still exist (a wider beam
+can find it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """ASGI middleware in front of the app: request metrics, the Host check of a server without an
 API key (loopback names only: a site whose name resolves here, by DNS rebinding, could use it
-from a browser), the body checks that must happen before FastAPI reads the body (a body over ``max_body_bytes`` is a 413 without being read whole;
-a body that is not declared JSON is a 415, one that is not UTF-8 a 400), and the 500 of an
-unexpected exception (here, inside the CORS middleware, so that it carries CORS headers too)."""
+from a browser), the body checks that must happen before FastAPI reads the body (a body over
+``max_body_bytes`` is a 413 without being read whole; a body that is not declared JSON is a
+415, one that is not UTF-8 a 400), and the 500 of an unexpected exception (here, inside the
+CORS middleware, so that it carries CORS headers too)."""
 
 from __future__ import annotations
 

@@ -119,7 +119,8 @@ class RetentionGate(nn.Module):
     def __init__(self, dim: int, form: GateForm = "elementwise"):
         super().__init__()
         self.form = form
-        rows, cols = {"elementwise": (dim, 2), "matrix": (dim, 2 * dim), "scalar": (1, 2 * dim)}[form]
+        rows, cols = {"elementwise": (dim, 2), "matrix": (dim, 2 * dim),
+                      "scalar": (1, 2 * dim)}[form]
         init = nn.init.xavier_uniform_ if form == "elementwise" else nn.init.zeros_
         self.weight = nn.Parameter(init(torch.empty(rows, cols)))
         self.bias = nn.Parameter(torch.zeros(rows))
@@ -168,10 +169,10 @@ class InformationFusion(nn.Module):
     """Information-transfer enhancement over ``units`` (layers or sub-layers).
 
     After unit i (i >= 2) the next unit reads LN((1 - g) * out_i + g * f(out_1..out_{i-1}))
-    (``RetentionGate`` of form ``gate``), f the mean or a learned linear transform of all earlier unit outputs
-    (the raw outputs, before gating). Layer-wise fusion uses layers as units (eqs. 7-9),
-    sub-layer-wise fusion uses sub-layers (eqs. 10-12). ``last_only`` fuses once, after the
-    final unit (the last-layer "sub-layer connection" variant, eqs. 13-16).
+    (``RetentionGate`` of form ``gate``), f the mean or a learned linear transform of all earlier
+    unit outputs (the raw outputs, before gating). Layer-wise fusion uses layers as units (eqs.
+    7-9), sub-layer-wise fusion uses sub-layers (eqs. 10-12). ``last_only`` fuses once, after
+    the final unit (the last-layer "sub-layer connection" variant, eqs. 13-16).
     """
 
     def __init__(self, units: int, dim: int, function: str = "mean", last_only: bool = False,
