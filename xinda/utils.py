@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import re
 import signal
@@ -278,3 +279,18 @@ def terminate_as_interrupt():
     """A block in which SIGTERM raises KeyboardInterrupt, so that what Ctrl-C cleans up
     (staging folders, temporary files) is cleaned up on ``kill`` or ``timeout``."""
     return signal_handled(signal.SIGTERM, _interrupt)
+
+
+class _WarningsNamed(logging.Formatter):
+    """Messages as they are, warnings as ``xinda: warning: ...`` (as errors are written)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return f"xinda: warning: {text}" if record.levelno == logging.WARNING else text
+
+
+def log_to_stderr() -> None:
+    """The command line's logging: information and warnings on stderr, warnings named."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_WarningsNamed("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])

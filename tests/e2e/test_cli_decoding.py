@@ -107,7 +107,8 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     assert out[0] == "9" and out[2] == out[5] == ""
     assert out[1] and out[4]
     warnings = [line for line in proc.stderr.splitlines() if UNSATISFIABLE in line]
-    assert warnings == [f"line {n}: {UNSATISFIABLE}" for n in (3, 4, 6)]
+    # named as the couplet and poem commands name theirs (before: without "xinda: warning:")
+    assert warnings == [f"xinda: warning: line {n}: {UNSATISFIABLE}" for n in (3, 4, 6)]
 
 
 @pytest.mark.parametrize(("args", "fragments"), [

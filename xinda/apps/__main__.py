@@ -6,12 +6,12 @@ runs/apps/poetry/raw). Errors are one line and exit code 1, as in the ``xinda`` 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from xinda.apps.couplet import write_couplet_corpus
 from xinda.apps.poetry import write_poetry_corpus
 from xinda.errors import XindaError
+from xinda.utils import log_to_stderr
 
 WRITERS = {"couplet": write_couplet_corpus, "poetry": write_poetry_corpus}
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("shared", help="the shared data folder, e.g. ../shared/data")
     parser.add_argument("out_dir", help="where the split files go, e.g. runs/apps/couplet/raw")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    log_to_stderr()
     try:
         prefixes = WRITERS[args.task](args.shared, args.out_dir)
     except XindaError as err:

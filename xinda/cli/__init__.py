@@ -23,7 +23,7 @@ from xinda.errors import XindaError
 from xinda.export.command import ctranslate2 as export_ctranslate2_command
 from xinda.export.command import export_app
 from xinda.serve.command import serve as serve_command
-from xinda.utils import write_stdout
+from xinda.utils import log_to_stderr, write_stdout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="xinda (信达): neural machine translation, faithful and fluent.")
@@ -228,7 +228,7 @@ def _print_outputs(outputs, nbest: int) -> None:
     for i, nbest_list in enumerate(outputs):
         for out in nbest_list:
             if out.error:
-                print(f"xinda: warning: line {i + 1}: {out.error}", file=sys.stderr)
+                log.warning("line %d: %s", i + 1, out.error)
                 if nbest == 1:
                     lines.append("")
             elif nbest > 1:
@@ -294,7 +294,7 @@ def _error_line(message: str) -> None:
 def main() -> None:
     """The ``xinda`` command: a user error is one line ``xinda: error: ...`` on stderr, exit 1
     for bad files and settings, 2 for a command line click cannot parse."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    log_to_stderr()
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as err:  # typer's click: a command line it cannot parse
