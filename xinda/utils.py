@@ -151,6 +151,18 @@ def open_text(path: str | Path) -> IO[bytes]:
         raise XindaError(f"{path}: cannot open: {err.strerror or err}") from None
 
 
+def input_name(path: str | Path | None) -> str:
+    """How errors name an input: "<stdin>" for None or "-", else the path."""
+    return "<stdin>" if path is None or str(path) == "-" else str(path)
+
+
+def read_input(path: str | Path | None) -> list[str]:
+    """The lines of an input file, or of stdin for None or "-" (``input_name``)."""
+    if input_name(path) == "<stdin>":
+        return list(decode_lines(sys.stdin.buffer, "<stdin>"))
+    return list(read_lines(path))
+
+
 def read_lines(path: str | Path) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (plain or .gz) without newlines.
 

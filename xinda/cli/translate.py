@@ -12,16 +12,9 @@ from typing import Annotated
 import typer
 
 from xinda.errors import XindaError
+from xinda.utils import input_name, read_input
 
 log = logging.getLogger("xinda")
-
-
-def _read_input(path: Path | None) -> list[str]:
-    from xinda.utils import decode_lines, read_lines
-
-    if path is None or str(path) == "-":
-        return list(decode_lines(sys.stdin.buffer, "<stdin>"))
-    return list(read_lines(path))
 
 
 def _check_outputs(output: Path | None, plots: Path | None) -> None:
@@ -107,16 +100,15 @@ def translate(
     _check_outputs(output, attention_plot)
     if ban is not None and not ban.replace(",", "").strip():  # (before: silently no ban)
         raise XindaError(f"--ban {ban!r}: no piece or word to ban (commas separate them)")
-    lines = _read_input(input)
+    lines = read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
     check_device(device)
     translator = Translator.load(model_dir, checkpoint, device=device, ensemble=ensemble or ())
     if attention_plot is not None and not translator.model.has_attention:
         raise XindaError("--attention-plot needs an attention model; this one has none")
     if input_format == "pieces":  # errors name the file (the Translator knows line numbers)
-        name = "<stdin>" if input is None or str(input) == "-" else input
         for i, line in enumerate(lines, start=1):
-            translator.source_ids(line, True, f"{name}:{i}")
+            translator.source_ids(line, True, f"{input_name(input)}:{i}")
     constraints = translator.constraints_for(lines, prefixes, (ban or "").split(","),
                                              no_repeat_ngram, ban_source_copy, exact_length,
                                              input_format, prefix and str(prefix))
@@ -175,7 +167,7 @@ def _sampling_options(on: bool | None, temperature: float | None, top_k: int | N
 
 def _read_prefixes(path: Path | None, n_lines: int) -> list[str] | None:
     """The lines of the --prefix file, one per input line."""
-    prefixes = None if path is None else _read_input(path)
+    prefixes = None if path is None else read_input(path)
     if prefixes is not None and len(prefixes) != n_lines:
         raise XindaError(f"{path}: {len(prefixes)} prefix lines for {n_lines} input lines")
     return prefixes

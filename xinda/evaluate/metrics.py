@@ -7,7 +7,6 @@ References are either one stream (``list[str]``, one line per hypothesis) or sev
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -19,7 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
 from xinda.errors import XindaError
-from xinda.utils import decode_lines, read_lines
+from xinda.utils import input_name, read_input, read_lines
 
 Refs = Sequence[str] | Sequence[Sequence[str]]
 LengthUnit = Literal["auto", "words", "chars"]
@@ -329,9 +328,7 @@ def read_hyps_refs(hyp_path: str | Path, ref_paths: Sequence[str | Path]
                    ) -> tuple[list[str], list[list[str]]]:
     """Read a hypothesis file once and one or more reference files (plain or .gz; "-" or a
     pipe such as /dev/stdin for the hypotheses); every line count must match."""
-    stdin = str(hyp_path) == "-"
-    hyps = list(decode_lines(sys.stdin.buffer, "<stdin>") if stdin else read_lines(hyp_path))
-    hyp_path = "<stdin>" if stdin else hyp_path
+    hyps, hyp_path = read_input(hyp_path), input_name(hyp_path)
     if not hyps:
         raise XindaError(f"{hyp_path}: no hypotheses to score (empty file)")
     streams = []
