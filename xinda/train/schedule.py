@@ -89,8 +89,8 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     if clip_norm:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         torch.nn.utils.clip_grad_norm_(params, clip_norm)
-    scale = scaler.get_scale() if scaler.is_enabled() else 0.0
-    scaler.step(optimizer)
+    scaler.step(optimizer)  # syncs with the device to read whether the gradients overflowed
+    scale = scaler.get_scale() if scaler.is_enabled() else 0.0  # step keeps it; update halves it
     scaler.update()
     if not scaler.is_enabled() or (new_scale := scaler.get_scale()) >= scale:
         return True
