@@ -149,9 +149,10 @@ def test_control_characters_dropped_and_cleaned(xinda, tmp_path):
 def test_corpus_smaller_than_vocab_size_warns(xinda, tmp_path):
     prefix = write_corpus(tmp_path, "corpus", ["one small line"], ["eine kleine zeile"])
     proc = xinda("prepare", write_config(tmp_path, train=prefix, vocab_size=8000))
-    warning = [x for x in proc.stdout.splitlines() if x.startswith("warning:")]
-    assert len(warning) == 1, proc.stdout
-    assert warning[0].startswith("warning: spm.model has ")
+    assert "warning" not in proc.stdout  # a report on stdout, warnings on stderr
+    warning = [x for x in proc.stderr.splitlines() if x.startswith("xinda: warning:")]
+    assert len(warning) == 1, proc.stderr
+    assert warning[0].startswith("xinda: warning: spm.model has ")
     assert warning[0].endswith("pieces, fewer than data.vocab_size 8000 "
                                "(the training text is too small)")
     manifest = yaml.safe_load((tmp_path / "data-bin" / "manifest.json").read_text())

@@ -83,8 +83,11 @@ def prepare(config: Path, set_: SetOpt = None,
     report: list[str] = []  # printed once the dataset is in place: a failed write loses nothing
     with terminate_as_interrupt():  # kill / timeout: the staging folder goes, as on Ctrl-C
         manifest = run_prepare(cfg.data, log=report.append)
+    for warning in (line for line in report if line.startswith("warning: ")):
+        log.warning(warning.removeprefix("warning: "))  # on stderr, as every command warns
     sizes = ", ".join(f"{k} {v['pairs']}" for k, v in manifest["splits"].items())
-    say(*report, f"prepared {cfg.data.out_dir}: {sizes}")
+    say(*(line for line in report if not line.startswith("warning: ")),
+        f"prepared {cfg.data.out_dir}: {sizes}")
 
 
 @command
