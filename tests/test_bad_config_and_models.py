@@ -133,7 +133,7 @@ def test_an_eps_that_is_0_in_float32_is_refused():
     """Before: eps 1e-300 was accepted, became 0 in the optimizer's float32 and gave a NaN loss,
     reported as "lower train.lr"."""
     assert error(load_config, None, ["train.eps=1e-300"]) == (
-        "config: train.eps: 1e-300 is below float32's smallest normal number 1.18e-38: 0 in "
+        "--set train.eps=1e-300: train.eps: 1e-300 is below float32's smallest normal number 1.18e-38: 0 in "
         "the optimizer's float32, a NaN loss")
     assert load_config(None, ["train.eps=1.2e-38"]).train.eps == 1.2e-38
 
@@ -219,7 +219,7 @@ def test_yaml_merge_keys_are_read_and_may_be_given_again(tmp_path):
 def test_settings_that_cannot_work_are_refused(overrides, message):
     """Found by review: an empty out_dir wrote the dataset into the current folder, the same
     language on both sides read one file as source and target, and 50000 threads segfaulted."""
-    assert error(load_config, None, overrides) == f"config: {message}"
+    assert error(load_config, None, overrides) == f"--set {' '.join(overrides)}: {message}"
 
 
 def test_sentencepiece_training_settings_with_a_given_model_are_named():

@@ -8,8 +8,9 @@ the key's dotted path.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -22,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from xinda.config_yaml import apply_overrides, config_source, one_line, parse_yaml
 from xinda.errors import XindaError
 from xinda.utils import MAX_THREADS, atomic_write_text
 
@@ -29,6 +31,7 @@ Pretok = Literal["moses", "jieba", "char", "none"]  # pre-tokenisers (xinda.data
 Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied before it
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what numpy and sentencepiece accept
 Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam moment's decay
+DEFAULT_PRESET = "transformer-base"  # the model of a config that names no preset or arch
 MAX_ROWS = 1000  # beam, n-best, samples: decoder rows per sentence (memory grows with them)
 MAX_DIST_TIMEOUT = 10 * 365 * 86400.0  # seconds: ten years, "forever" (timedelta overflows)
 MAX_LENGTH = 1_000_000  # tokens: the longest position table (model.max_positions), |max_len_b|
@@ -219,6 +222,7 @@ class TrainConfig(Strict):
 
 class DecodeConfig(Strict):
     model_config = ConfigDict(allow_inf_nan=False)  # (and Strict's): no infinity or NaN
+    BEAM_ONLY: ClassVar[tuple[str, ...]] = ("beam", "nbest", "coverage", "stop")  # sampling: unused
 
     beam: int = Field(5, ge=1, le=MAX_ROWS)
     alpha: float = Field(1.0, ge=0)  # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none
@@ -247,10 +251,31 @@ class DecodeConfig(Strict):
     samples: int = Field(1, ge=1, le=MAX_ROWS)  # samples per input sentence
     seed: int = Field(1, ge=0, lt=2**63)  # seeds the sampling generator (a torch.Generator)
 
+    def unused_settings(self):
+        """Settings that decode.sampling true would ignore or refuse, which `prepare` and
+        `train` refuse in an experiment config (not a validator: a model's saved beam settings
+        stay valid when its config.yaml, or `translate --sampling`, switches sampling on)."""
+        if self.sampling:
+            if beam := [f"decode.{k}" for k in self.BEAM_ONLY if k in self._changed()]:
+                yield (f"{', '.join(beam)}: beam-search settings, not used with "
+                       "decode.sampling true (decode.samples sets the outputs)")
+            if self.workers > 1:
+                yield ("decode.workers > 1 decodes batches out of order, and sampling draws "
+                       "them from one generator in order: set decode.workers 1 with "
+                       "decode.sampling true")
+
+    @model_validator(mode="after")
+    def _room_for_output(self) -> DecodeConfig:
+        if self.max_len_a == 0 and self.max_len_b <= 1:  # (the EOS takes one)
+            raise ValueError(f"max_len_a 0 and max_len_b {self.max_len_b} leave no room for "
+                             "an output token: every translation would be empty")
+        return self
+
 
 class ExperimentConfig(Strict):
     data: DataConfig = Field(default_factory=DataConfig)
-    model: dict[str, Any] = Field(default_factory=lambda: {"preset": "transformer-base"})
+    # a preset or arch plus fields (xinda.models.registry.resolve); without either: the preset
+    model: dict[str, Any] = Field(default_factory=lambda: {"preset": DEFAULT_PRESET})
     train: TrainConfig = Field(default_factory=TrainConfig)
     decode: DecodeConfig = Field(default_factory=DecodeConfig)
 
@@ -258,84 +283,20 @@ class ExperimentConfig(Strict):
 SECTIONS = tuple(ExperimentConfig.model_fields)  # data, model, train, decode
 
 
-def _one_line(text: str) -> str:
-    """``text`` with line breaks and other unprintable characters escaped (``\\n``, ``\\x85``)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-class _DuplicateKey(yaml.YAMLError):
-    pass
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (it
-    would silently drop the first, e.g. a whole second ``data:`` section)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == MERGE_TAG:  # `<<: *anchor`: its keys may be given again
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str) and key in seen:
-                raise _DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-def _parse_yaml(text: str, what: str) -> Any:
-    """``yaml.safe_load(text)``, refusing duplicate keys; any failure is a one-line
-    XindaError starting with ``what``."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.MarkedYAMLError as err:  # "line 2, column 1: found character '\t' that ..."
-        mark = err.problem_mark or err.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        reason = where + (err.problem or err.context or type(err).__name__)
-    except yaml.YAMLError as err:
-        reason = (str(err).splitlines() or [type(err).__name__])[0]
-    except RecursionError:
-        reason = "nested too deeply"
-    except Exception as err:  # noqa: BLE001 - PyYAML's constructors raise ValueError, KeyError,
-        # AttributeError... on scalars that do not convert: 2001-13-01, !!int x, !!timestamp x
-        reason = f"cannot convert a value: {type(err).__name__}: {err}"
-    raise XindaError(_one_line(f"{what}: {reason}"))
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        if tree.get(key) is None:  # absent, or a section left empty (only comments)
-            tree[key] = {}
-        tree = tree[key]
-        if not isinstance(tree, dict):
-            raise XindaError(_one_line(f"--set {dotted}: '{key}' is not a section"))
-    tree[leaf] = value
-
-
-def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict in place."""
-    for item in overrides:
-        if "=" not in item:
-            raise XindaError(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-3")
-        key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), _parse_yaml(raw, f"--set {item!r}: invalid YAML value"))
-    return tree
-
-
 def format_validation_error(err: ValidationError, where: str, section: str = "") -> str:
     """One line: ``where`` (a file), the dotted key path (under ``section``, e.g. "model") and
     pydantic's message for the first error."""
     first = err.errors()[0]
     path = ".".join([section] * bool(section) + [str(p) for p in first["loc"]])
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "string_type" and isinstance(first.get("input"), bool):
-        message += f" (YAML reads yes/no/on/off unquoted as {first['input']}: quote the value)"
+    message, given = first["msg"].removeprefix("Value error, "), first.get("input")
+    if isinstance(given, bool) and first["type"] in ("string_type", "literal_error"):
+        message += f" (YAML reads yes/no/on/off unquoted as {given}: quote the value)"
+    elif first["type"] == "int_parsing" and re.fullmatch(r"[-+]?[\d.]+e[-+]?\d+", str(given)):
+        message += f" (YAML reads {given} as text, not a number: write it out, e.g. 4000)"
+    elif path.endswith("[key]") and not isinstance(given, str):
+        message += f" (quote a key that YAML reads as a number: '{given}')"
     head = f"{where}: " if where else ""
-    return _one_line(f"{head}{path}: {message}" if path else f"{head}{message}")
+    return one_line(f"{head}{path}: {message}" if path else f"{head}{message}")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
@@ -354,7 +315,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
                              ) from None
         except OSError as err:
             raise XindaError(f"{path}: cannot read: {err.strerror or err}") from None
-        tree = _parse_yaml(text, f"{path}: invalid YAML")
+        tree = parse_yaml(text, f"{path}: invalid YAML")
         if tree is None:  # an empty file (or only comments): all defaults
             tree = {}
         if not isinstance(tree, dict):
@@ -365,7 +326,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as err:
-        raise XindaError(format_validation_error(err, str(path or "config"))) from None
+        key = ".".join(str(part) for part in err.errors()[0]["loc"])
+        where = config_source(path, list(overrides), key)
+        raise XindaError(format_validation_error(err, where)) from None
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:

@@ -73,7 +73,7 @@ def test_different_models_change_the_result(make_model, make_src):
 def test_attention_only_when_every_member_has_it(make_model, make_src):
     """Before: a member without attention first gave None silently, last a TypeError."""
     with_attention = make_model(TRANSFORMER, eos_bias=1.0)
-    without = make_model({**RNN, "attention": "none"})
+    without = make_model({**RNN, "attention": "none", "attention_style": "luong"})  # default
     src = make_src([6, 3])
     greedy = DecodeConfig(max_len_a=0.0, max_len_b=4)
     for members in ([with_attention, without], [without, with_attention]):

@@ -169,7 +169,7 @@ def test_found_by_fuzzing_now_one_line_errors(text, fragment, user_error):
     (["train.lr=2001-13-01"], "--set 'train.lr=2001-13-01': invalid YAML value: cannot convert"),
     (["train.lr=["], ("--set 'train.lr=[': invalid YAML value: line 1, column 2: expected "
                       "the node content, but found '<stream end>'")),
-    (["a\nb.c.d=1"], "config: a\\nb: Extra inputs are not permitted"),
+    (["a\nb.c.d=1"], "--set a\\nb.c.d=1: a\\nb: Extra inputs are not permitted"),
     (["train.lr=1", "train.lr.x\x85y=1"], "--set train.lr.x\\x85y: 'lr' is not a section"),
 ])
 def test_found_by_fuzzing_set_strings(items, fragment, user_error):

@@ -127,7 +127,8 @@ def _room_for(rules, n: int, options: dict) -> None:
     """Decode settings whose length limit leaves room for two tokens per character (the
     rules end each output at its length in characters)."""
     options.setdefault("max_len_a", 0.0)
-    options.setdefault("max_len_b", max((rules.max_length(s) for s in range(n)), default=0) + 1)
+    # (at least 2, which DecodeConfig asks for, when every line is empty)
+    options.setdefault("max_len_b", max([rules.max_length(s) for s in range(n)] + [1]) + 1)
 
 
 def _restore_punctuation(text: str, up: str) -> str:

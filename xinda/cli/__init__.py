@@ -19,6 +19,7 @@ import typer
 
 from xinda.cli.translate import translate as translate_command
 from xinda.config import ExperimentConfig, load_config
+from xinda.config_yaml import config_source
 from xinda.errors import XindaError
 from xinda.export.command import ctranslate2 as export_ctranslate2_command
 from xinda.export.command import export_app
@@ -56,16 +57,30 @@ def say(*lines: str) -> None:
     write_stdout("".join(f"{line}\n" for line in lines))
 
 
-def validated(cfg: ExperimentConfig, source: Path | str) -> ExperimentConfig:
-    """``cfg`` (read from ``source``) once its model section, a dict that ``load_config`` does
-    not check, is valid too: every command that reads an experiment config checks all of it
-    before doing any work."""
+def validated(cfg: ExperimentConfig, source: Path | str, overrides: list[str] = ()
+              ) -> ExperimentConfig:
+    """``cfg`` (read from ``source`` with ``overrides``) once its model section, a dict that
+    ``load_config`` does not check, is valid too, and the sections agree: every command that
+    reads an experiment config checks all of it before doing any work."""
     from xinda.models.registry import resolve
+    from xinda.train.schedule import noam_min_lr_problem
 
-    model = resolve(cfg.model, str(source))
+    def where(key: str) -> str:
+        return config_source(source, list(overrides), key)
+
+    model = resolve(cfg.model, where("model"))
+    if problem := noam_min_lr_problem(cfg.train, model.model_dim):
+        raise XindaError(f"{where('train')}: {problem}")
+    if Path(cfg.train.out_dir).resolve() == Path(cfg.data.out_dir).resolve():
+        raise XindaError(f"{where('train.out_dir')}: train.out_dir and data.out_dir are both "
+                         f"{cfg.data.out_dir!r}: a new prepare would replace the vocabulary "
+                         "under the trained model; use two folders")
+    for problem in cfg.decode.unused_settings():
+        raise XindaError(f"{where('decode')}: {problem}")
     if cfg.decode.coverage > 0 and not model.has_attention:
-        raise XindaError(f"{source}: decode.coverage: the coverage penalty needs a model that "
-                         "attends to the source; this one has model.attention none")
+        raise XindaError(f"{where('decode.coverage')}: decode.coverage: the coverage penalty "
+                         "needs a model that attends to the source; this one has "
+                         "model.attention none")
     return cfg
 
 
@@ -76,10 +91,16 @@ def prepare(config: Path, set_: SetOpt = None,
             ) -> None:
     """Clean, pre-tokenise, learn sentencepiece and binarise the corpus of CONFIG's data."""
     from xinda.data.prepare import prepare as run_prepare
+    from xinda.models.registry import resolve
     from xinda.utils import terminate_as_interrupt
 
     overrides = [*(set_ or []), *([f"data.workers={workers}"] if workers else [])]
-    cfg = validated(load_config(config, overrides), config)
+    cfg = validated(load_config(config, overrides), config, overrides)
+    if cfg.data.max_len >= (positions := resolve(cfg.model).max_positions):  # (+ BOS or EOS)
+        raise XindaError(f"{config}: data.max_len {cfg.data.max_len} keeps training sentences "
+                         f"longer than model.max_positions {positions} holds (at most "
+                         f"{positions - 1} pieces and the EOS): lower data.max_len or raise "
+                         "model.max_positions")
     report: list[str] = []  # printed once the dataset is in place: a failed write loses nothing
     with terminate_as_interrupt():  # kill / timeout: the staging folder goes, as on Ctrl-C
         manifest = run_prepare(cfg.data, log=report.append)
@@ -98,7 +119,11 @@ def train(config: Path, set_: SetOpt = None,
     from xinda.evaluate.validation import validation_bleu
     from xinda.train.trainer import Trainer
 
-    cfg = validated(load_config(config, set_ or []), config)
+    cfg = validated(load_config(config, set_ or []), config, set_ or [])
+    if 0 < (steps := cfg.train.max_steps) < cfg.train.warmup_steps:
+        log.warning("train.warmup_steps %d is more than train.max_steps %d: the learning rate "
+                    "stops at %.3g of its peak", cfg.train.warmup_steps, steps,
+                    steps / cfg.train.warmup_steps)
     trainer = Trainer(cfg, valid_bleu=validation_bleu(cfg))
     progress = trainer.train(resume=resume)
     if trainer.ranks.is_main:  # under torchrun: once

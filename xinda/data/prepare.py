@@ -376,6 +376,9 @@ def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
         raw[split], cleaned[split] = clean_control(
             read_parallel(prefixes[split], cfg.src_lang, cfg.tgt_lang))
     out_dir, pipes = Path(cfg.out_dir), _pipelines(cfg, log)
+    if (out_dir / "config.yaml").is_file():  # what `xinda train` writes in train.out_dir
+        raise XindaError(f"{out_dir}: holds a trained model (config.yaml), whose vocabulary "
+                         "a new dataset would replace: choose another data.out_dir")
     # out_dir keeps its dataset until the new one is whole; a full disk names it
     with _staging_dir(out_dir) as stage, os_errors_named(out_dir):
         manifest = _build(cfg, pipes, raw, cleaned, stage, log, spm_model)

@@ -49,8 +49,8 @@ from xinda.models.registry import build_model, resolve
 log = logging.getLogger("xinda")
 UNSATISFIABLE = "the search found no output that satisfies the constraints"
 FORMATS = ("text", "pieces")  # input_format / output_format
+BEAM_ONLY = DecodeConfig.BEAM_ONLY  # beam-search options, unused when sampling
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")  # need decode.sampling
-BEAM_ONLY = ("beam", "nbest", "coverage", "stop")  # beam-search options, unused when sampling
 
 
 @dataclass

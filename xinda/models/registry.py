@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from xinda.config import format_validation_error
+from xinda.config import DEFAULT_PRESET, format_validation_error
 from xinda.data.vocab import VocabInfo
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
@@ -54,6 +54,8 @@ def resolve(spec: dict[str, Any], where: str = "") -> BaseModel:
     _load_families()
     head = f"{where}: " if where else ""
     spec = dict(spec)
+    if "preset" not in spec and "arch" not in spec:  # e.g. only `--set model.dropout=0.3`
+        spec["preset"] = DEFAULT_PRESET
     fields: dict[str, Any] = {}
     if "preset" in spec:
         name = spec.pop("preset")

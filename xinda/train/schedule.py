@@ -42,12 +42,9 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
         # Learning-rate restart of shallow-to-deep training (Li et al. 2020)
         step = step - last - 1 + max(warm, 1)
     if cfg.schedule == "noam":
-        scale = cfg.lr * d_model**-0.5
-        if cfg.min_lr > (peak := scale * max(warm, 1) ** -0.5):  # (config.py checks the others)
-            raise XindaError(f"train.min_lr {cfg.min_lr:g} is above noam's peak rate {peak:.3g} "
-                             f"(lr x d_model^-0.5 x warmup_steps^-0.5, d_model {d_model}): the "
-                             "rate would jump up after the warm-up")
-        rate = scale * min(step**-0.5, step * max(warm, 1) ** -1.5)
+        if problem := noam_min_lr_problem(cfg, d_model):
+            raise XindaError(problem)
+        rate = cfg.lr * d_model**-0.5 * min(step**-0.5, step * max(warm, 1) ** -1.5)
     else:
         warmup = step / warm if warm and step < warm else 1.0
         if cfg.schedule == "inverse_sqrt":
@@ -58,6 +55,17 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
             decay = 1.0
         rate = cfg.lr * warmup * decay
     return rate if step < warm else max(rate, cfg.min_lr)  # the floor holds after the warm-up
+
+
+def noam_min_lr_problem(cfg: TrainConfig, d_model: int) -> str | None:
+    """What is wrong when noam's peak rate is below ``min_lr`` (config.py checks the other
+    schedules, whose peak is ``lr``; noam's depends on the model's width)."""
+    peak = cfg.lr * d_model**-0.5 * max(cfg.warmup_steps, 1) ** -0.5
+    if cfg.schedule == "noam" and cfg.min_lr > peak:
+        return (f"train.min_lr {cfg.min_lr:g} is above noam's peak rate {peak:.3g} (lr x "
+                f"d_model^-0.5 x warmup_steps^-0.5, d_model {d_model}): the rate would jump "
+                "up after the warm-up")
+    return None
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:

@@ -98,6 +98,12 @@ class TransformerConfig(ModelConfig):
                 raise ValueError(f"{', '.join(unused)} applies only with {option} on "
                                  f"({option} is {getattr(self, option)!r}): set {option} too, "
                                  "or leave these out")
+        layers = {s: getattr(self, f"{s}_layers") for s in ("encoder", "decoder")
+                  if self.uses("dense", s)}  # p > layers never aggregates (connections.py)
+        if layers and self.dense_every > max(layers.values()):
+            raise ValueError(f"dense_every {self.dense_every} is more than the layers of "
+                             f"{' and '.join(f'{n} {s}' for s, n in layers.items())}: DLCL "
+                             "would never aggregate (a plain Transformer)")
         if self.dense != "none" and self.fusion != "none":
             raise ValueError("dense (DLCL) and fusion both rewire the layer inputs: pick one")
         if self.fusion != "none" and self.fusion_side == "none":

@@ -1,0 +1,91 @@
+"""Reading YAML the way experiment configs need it: duplicate keys refused, every failure a
+one-line XindaError, ``--set a.b=value`` overrides applied to the parsed tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from xinda.errors import XindaError
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped (``\\n``, ``\\x85``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (it
+    would silently drop the first, e.g. a whole second ``data:`` section)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:  # `<<: *anchor`: its keys may be given again
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise _DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str, what: str) -> Any:
+    """``yaml.safe_load(text)``, refusing duplicate keys; any failure is a one-line
+    XindaError starting with ``what``."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as err:  # "line 2, column 1: found character '\t' that ..."
+        mark = err.problem_mark or err.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        reason = where + (err.problem or err.context or type(err).__name__)
+    except yaml.YAMLError as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+    except RecursionError:
+        reason = "nested too deeply"
+    except Exception as err:  # noqa: BLE001 - PyYAML's constructors raise ValueError, KeyError,
+        # AttributeError... on scalars that do not convert: 2001-13-01, !!int x, !!timestamp x
+        reason = f"cannot convert a value: {type(err).__name__}: {err}"
+    raise XindaError(one_line(f"{what}: {reason}"))
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        if tree.get(key) is None:  # absent, or a section left empty (only comments)
+            tree[key] = {}
+        tree = tree[key]
+        if not isinstance(tree, dict):
+            raise XindaError(one_line(f"--set {dotted}: '{key}' is not a section"))
+    tree[leaf] = value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict in place."""
+    for item in overrides:
+        key, raw = item.split("=", 1) if "=" in item else ("", "")
+        if not all(key.strip().split(".")):  # no "=", or "=5", "train.=5", "train..lr=5"
+            raise XindaError(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-3")
+        _set_dotted(tree, key.strip(), parse_yaml(raw, f"--set {item!r}: invalid YAML value"))
+    return tree
+
+
+def config_source(path: object, overrides: list[str], key: str) -> str:
+    """``path`` (a config file, None: defaults) named with the ``--set`` overrides of ``key``, above it or
+    under it, where an error at ``key`` may come from: "base.yaml with --set train.lr=-1"."""
+    def related(item: str) -> bool:
+        given = item.split("=", 1)[0].strip()
+        return bool(key) and (f"{given}.".startswith(f"{key}.")
+                              or f"{key}.".startswith(f"{given}."))
+    given = [item for item in overrides if related(item)]
+    if not given:
+        return "config" if path is None else str(path)
+    return f"{'' if path is None else f'{path} with '}--set {' '.join(given)}"
