@@ -196,3 +196,70 @@ def test_ctrl_c_during_a_resave_swap_waits_for_it(tmp_path, monkeypatch):
     assert len(calls) == 3
     assert load_state(tmp_path / "checkpoints" / "step_0000002.safetensors")["progress"] == {
         "step": 2, "epoch": 1}
+
+
+def crashed_mid_resave(tmp_path, renamed: int) -> torch.nn.Module:
+    """Steps 1 and 2 saved; step 2 saved again by a process killed (no `finally`) after
+    ``renamed`` of the swap's three renames (-1: while writing the staged files)."""
+    saved_twice(tmp_path)
+    model = torch.nn.Linear(3, 2)  # other weights
+    weights = tmp_path / "checkpoints" / "step_0000002.safetensors"
+    staging = weights.parent / ".step_0000002.resave"
+    checkpoint._write_checkpoint(staging / weights.name, 2, model,
+                                 {"progress": {"step": 2, "epoch": 1}})
+    if renamed < 0:
+        checkpoint.state_json(staging / weights.name).unlink()  # its commit mark not written
+        return model
+    checkpoint.state_json(weights).unlink()
+    names = (weights, checkpoint.state_tensors(weights), checkpoint.state_json(weights))
+    for name in names[:renamed]:
+        os.replace(staging / name.name, name)
+    return model
+
+
+@pytest.mark.parametrize("renamed", [0, 1, 2])
+def test_a_swap_cut_by_a_kill_is_finished_before_training_resumes(tmp_path, renamed):
+    """Found by review: killed after the first rename, the only checkpoint (keep_last 1) was
+    torn, and `--resume` started over, rewriting log.csv; the staged save was whole."""
+    model = crashed_mid_resave(tmp_path, renamed)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000001.safetensors"]
+    checkpoint.finish_resaves(tmp_path)
+    newest = list_checkpoints(tmp_path)[-1]
+    assert newest.name == "step_0000002.safetensors"
+    assert load_state(newest)["progress"] == {"step": 2, "epoch": 1}
+    loaded = torch.nn.Linear(3, 2)
+    load_weights(loaded, newest)
+    assert torch.equal(loaded.weight, model.weight)
+    assert not list((tmp_path / "checkpoints").glob(".*"))
+
+
+def test_a_staged_save_without_its_commit_mark_is_dropped(tmp_path):
+    crashed_mid_resave(tmp_path, -1)
+    checkpoint.finish_resaves(tmp_path)
+    assert_intact(tmp_path)
+
+
+def test_only_torn_checkpoints_are_refused_not_trained_over(tmp_path):
+    from xinda.train.run_dir import check_output_dir
+
+    model = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path, 7, model, {"progress": {"step": 7}}, keep_last=1)
+    checkpoint.state_json(tmp_path / "checkpoints" / "step_0000007.safetensors").unlink()
+    for resume in (True, False):
+        with pytest.raises(XindaError, match=r"holds only incomplete checkpoints "
+                                             r"\(step_0000007.safetensors, step_0000007.state"
+                                             r".safetensors\), none to continue from"):
+            check_output_dir(tmp_path, resume, None, tmp_path, {})
+
+
+def test_checkpoints_saved_at_a_stop_go_first_once_a_later_one_is_saved(tmp_path):
+    """Found by review: a signal's checkpoint took one of keep_last's places, so `xinda
+    average --last N` of a resumed run averaged other steps than the uninterrupted run."""
+    model = torch.nn.Linear(3, 2)
+    for step, stop in ((5, False), (7, True), (10, False), (15, False)):
+        save_checkpoint(tmp_path, step, model, {"progress": {"step": step}}, keep_last=3,
+                        stop=stop)
+        if step == 7:  # the newest is kept, stopped or not: training resumes from it
+            assert [p.name[5:12] for p in list_checkpoints(tmp_path)] == ["0000005", "0000007"]
+    assert [p.name[5:12] for p in list_checkpoints(tmp_path)] == ["0000005", "0000010",
+                                                                  "0000015"]

@@ -56,6 +56,7 @@ from xinda.utils import atomic_save, interrupts_deferred
 
 FORMAT_VERSION = 2
 _STEP = re.compile(r"step_(\d+)\.safetensors")
+_STEP_PREFIX = re.compile(r"step_(\d+)\.")  # of any of a checkpoint's three files
 _TENSOR = "__tensor__"  # {"__tensor__": name} stands for a tensor of the .state.safetensors file
 log = logging.getLogger("xinda")
 _warned: set[str] = set()  # skipped checkpoints already reported by this process
@@ -176,14 +177,18 @@ def join_state(document, tensors: dict[str, torch.Tensor], where: Path):
 
 
 def save_checkpoint(model_dir: str | Path, step: int, model: torch.nn.Module,
-                    state: dict, keep_last: int) -> Path:
+                    state: dict, keep_last: int, stop: bool = False) -> Path:
     """Write the weights, the state's tensors, then its JSON document (with the checksums of
-    both) for ``step``; delete all but the newest ``keep_last`` checkpoints up to ``step``.
+    both) for ``step``; delete all but the newest ``keep_last`` checkpoints up to ``step``,
+    and first the older ones saved where a run ``stop``-ped (a signal, a limit): they are off
+    the regular grid, and would take the places an uninterrupted run keeps for averaging.
     Returns the weights' path. If writing fails, the files of a new step written so far are
     removed again; a step saved a second time (an epoch's end on a ``save_every`` step) is
     written aside and swapped in only when complete, so a failure keeps the first save."""
     folder = checkpoint_dir(model_dir)
     weights = folder / f"step_{step:07d}.safetensors"
+    if stop:
+        state = {**state, "stopped_here": True}
     if state_json(weights).exists():
         _resave(weights, step, model, state)
     else:
@@ -197,7 +202,10 @@ def save_checkpoint(model_dir: str | Path, step: int, model: torch.nn.Module,
     # ranked among the steps up to this one: a newer one is a corrupt one that resuming
     # passed over, and must not take a place of the kept (it goes once the run passes it)
     done = [c for c in list_checkpoints(model_dir, verify=False) if _step_of(c) <= step]
-    for old in done[:-keep_last]:
+    stopped = [c for c in done[:-1] if (_read_document(c, False)[0] or {}).get(
+        "state", {}).get("stopped_here")]
+    done = [c for c in done if c not in stopped]
+    for old in stopped + done[:-keep_last]:
         for path in (state_json(old), state_tensors(old), old):  # the commit mark first
             path.unlink(missing_ok=True)
     return weights
@@ -233,6 +241,29 @@ def _resave(weights: Path, step: int, model: torch.nn.Module, state: dict) -> No
                 os.replace(staging / name.name, name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def finish_resaves(model_dir: str | Path) -> None:
+    """Complete the swaps of ``_resave`` that a crash (SIGKILL, power cut) interrupted: a
+    staging folder holding its JSON document (written last) holds a whole new checkpoint, whose
+    files not yet moved in go now; any other staging folder is an unfinished write, and the
+    old checkpoint is whole. Only for the process that trains into ``model_dir``."""
+    for staging in checkpoint_dir(model_dir).glob(".step_*.resave"):
+        weights = staging.parent / f"{staging.name[1:].removesuffix('.resave')}.safetensors"
+        if state_json(staging / weights.name).is_file():
+            log.warning("finishing the interrupted save of %s", weights)
+            state_json(weights).unlink(missing_ok=True)
+            for name in (weights, state_tensors(weights), state_json(weights)):
+                if (staging / name.name).exists():
+                    os.replace(staging / name.name, name)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def torn_checkpoints(model_dir: str | Path) -> list[str]:
+    """The names of step checkpoints' files in ``model_dir`` that no complete one owns."""
+    complete = {_step_of(w) for w in list_checkpoints(model_dir, verify=False)}
+    return sorted(p.name for p in checkpoint_dir(model_dir).glob("step_*")
+                  if (m := _STEP_PREFIX.match(p.name)) and int(m.group(1)) not in complete)
 
 
 def _read_document(weights: Path, verify: bool) -> tuple[dict | None, str]:

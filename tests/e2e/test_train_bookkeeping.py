@@ -50,7 +50,7 @@ def test_the_last_checkpoint_records_the_final_validation(prepared, tmp_path):
     progress = run(prepared, tmp_path, max_steps=4, save_every=4)
     saved = newest_progress(tmp_path)
     assert saved["step"] == 4 and saved["best"] == progress.best
-    assert math.isfinite(saved["best"]) and saved["best_metric"] == "loss"
+    assert math.isfinite(saved["best"]) and saved["best_metric"] == "loss (label smoothing 0.1)"
 
 
 def test_a_limit_on_an_epoch_s_last_update_ends_the_epoch_once(prepared, tmp_path, per_epoch):
@@ -103,9 +103,9 @@ def test_training_time_counts_each_epoch_s_checkpoint(prepared, tmp_path, monkey
 
     save = Trainer.save
 
-    def slow_save(trainer) -> None:
+    def slow_save(trainer, stop: bool = False) -> None:
         time.sleep(0.25)
-        save(trainer)
+        save(trainer, stop)
     monkeypatch.setattr(Trainer, "save", slow_save)
     progress = run(prepared, tmp_path, max_epochs=3, run_validation="false")
     assert progress.epoch == 4 and progress.train_seconds >= 3 * 0.25
@@ -130,9 +130,10 @@ def test_a_changed_validation_metric_starts_best_and_patience_over(prepared, tmp
 
     first, then = by(first_by_bleu), by(not first_by_bleu)
     run(prepared, tmp_path, max_steps=per_epoch, patience=2, **first)
-    assert newest_progress(tmp_path)["best_metric"] == ("bleu" if first_by_bleu else "loss")
+    assert newest_progress(tmp_path)["best_metric"].split()[0] == ("bleu" if first_by_bleu
+                                                                  else "loss")
     progress = run(prepared, tmp_path, resume=True, max_steps=2 * per_epoch, patience=2, **then)
-    assert progress.best_metric == ("loss" if first_by_bleu else "bleu")
+    assert progress.best_metric.split()[0] == ("loss" if first_by_bleu else "bleu")
     assert progress.bad_epochs == 0 and (progress.best < 0) == first_by_bleu
 
 
@@ -162,8 +163,8 @@ def test_the_last_checkpoint_of_a_run_out_of_time_records_the_time(prepared, tmp
     clock = [0.0]
     save = Trainer.save
 
-    def slow_save(trainer) -> None:
-        save(trainer)
+    def slow_save(trainer, stop: bool = False) -> None:
+        save(trainer, stop)
         clock[0] += 1.0
     with monkeypatch.context() as patched:
         patched.setattr(Trainer, "save", slow_save)
@@ -348,3 +349,74 @@ def test_a_validation_row_whose_checkpoint_never_came_is_not_logged_twice(
     monkeypatch.undo()
     run(prepared, tmp_path, resume=True, max_steps=per_epoch, save_every=per_epoch)
     assert [r["step"] for r in rows(tmp_path) if r["valid_loss"]] == [str(per_epoch)]
+
+
+@pytest.mark.parametrize("change", ["train.label_smoothing=0.4", "train.valid_beam=2",
+                                    "decode.max_len_b=3"])
+def test_settings_that_change_the_score_start_best_and_patience_over(prepared, tmp_path,
+                                                                     per_epoch, change, caplog):
+    """Found by review: resumed with another label smoothing (a larger validation loss), a run
+    with patience 1 stopped at once, and best.safetensors never changed again; so with the
+    decode settings validation BLEU uses."""
+    bleu = change != "train.label_smoothing=0.4"
+    scorer = {"valid_bleu": (lambda _model: 0.5) if bleu else None,
+              "valid_bleu_setting": "true" if bleu else "false"}
+    run(prepared, tmp_path, max_steps=per_epoch, patience=1, **scorer)
+    key, value = change.split("=")
+    section, name = key.split(".")
+    overrides = {name: value} if section == "train" else {}
+    if section == "decode":
+        cfg_path = tmp_path / "changed.yaml"
+        cfg_path.write_text(prepared.config.read_text().replace("max_len_b: 16",
+                                                                f"max_len_b: {value}"))
+        prepared = type(prepared)(prepared.root, prepared.raw, prepared.data_dir, cfg_path,
+                                  prepared.result)
+    with caplog.at_level(logging.WARNING, logger="xinda"):
+        progress = run(prepared, tmp_path, resume=True, max_steps=3 * per_epoch, patience=1,
+                       **scorer, **overrides)
+    assert "the best score and early stopping's count start over" in caplog.text
+    assert progress.step > per_epoch + 1  # not stopped at the first validation
+
+
+def test_the_metric_names_the_settings_that_change_it(prepared):
+    """(Checkpoints from before them say "loss" or "bleu", which the same metric continues.)"""
+    from xinda.train.progress import validation_metric
+
+    cfg = load_config(prepared.config)
+    assert validation_metric(cfg, False).split()[0] == "loss"
+    assert validation_metric(cfg, True) == ("bleu (beam 1, alpha 1, coverage 0, length 0x+16, "
+                                            "stop beam, inputs 40)")
+
+
+def test_a_signal_during_a_save_stops_at_that_update(prepared, tmp_path, monkeypatch):
+    """Found by review: the signal was read before the save_every checkpoint, so one that came
+    while it was written trained one more update and wrote a second checkpoint."""
+    import os
+    import signal
+
+    from xinda import checkpoint
+
+    real = checkpoint.save_checkpoint
+
+    def save_and_signal(model_dir, step, *args, **kwargs):
+        path = real(model_dir, step, *args, **kwargs)
+        if step == 3:  # (SIGTERM: a background job may start with SIGINT ignored)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return path
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save_and_signal)
+    with pytest.raises(KeyboardInterrupt):
+        run(prepared, tmp_path, max_steps=20, save_every=3, run_validation="false")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000003.safetensors"]
+
+
+def test_patience_without_validation_does_not_keep_a_run_stopped(prepared, tmp_path,
+                                                                  per_epoch):
+    """Found by review: resumed with run_validation off, an early-stopped run warned that
+    patience had no effect, and stayed stopped by it."""
+    scores = iter([0.5, 0.4, 0.3])
+    first = run(prepared, tmp_path, max_steps=5 * per_epoch, patience=1,
+                valid_bleu=lambda _model: next(scores), valid_bleu_setting="true")
+    assert first.step == 2 * per_epoch and first.bad_epochs == 1  # stopped early
+    again = run(prepared, tmp_path, resume=True, max_steps=3 * per_epoch, patience=1,
+                run_validation="false")
+    assert again.step == 3 * per_epoch

@@ -132,7 +132,7 @@ def test_a_sentence_longer_than_the_position_table_is_refused_before_training(
         (tmp_path / f"valid.{side}").write_text("\n".join([*lines, long]) + "\n")
     raw["valid"] = str(tmp_path / "valid")
     config = write_config(tmp_path / "config.yaml", raw, tmp_path / "bin", tmp_path / "model",
-                          model={"max_positions": 32})
+                          model={"max_positions": 32}, data={"max_len": 31})
     xinda("prepare", config)
     proc = xinda("train", config, ok=False)
     one_line_error(proc, "valid source sentence 21 has", "model.max_positions 32")

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from xinda.config import ExperimentConfig
+
 
 @dataclass
 class Progress:
@@ -22,7 +24,7 @@ class Progress:
     wall_seconds: float = 0.0  # wall clock of the training loops, validation included
     best: float = -math.inf  # best validation score (BLEU, or -loss): best.safetensors'
     best_loss: float = math.inf  # its validation loss, which breaks BLEU ties (see ``beats``)
-    best_metric: str = ""  # what ``best`` measures: "bleu" or "loss"
+    best_metric: str = ""  # what ``best`` measures (``validation_metric``; before: bleu, loss)
     # the best score of an epoch's end, which early stopping compares with (the validation
     # of a run that a limit stopped inside an epoch may set ``best``, not this: a resumed run
     # stops where an uninterrupted one would); None in checkpoints from before it: ``best``
@@ -66,3 +68,14 @@ def beats(score: float, loss: float, best: float, best_loss: float) -> bool:
     score at a lower loss (BLEU ties, such as 0.0 in early epochs, would stop a run whose
     loss still falls; with the loss as the score, a tie is a tie)."""
     return (score, -loss) > (best, -best_loss)
+
+
+def validation_metric(cfg: ExperimentConfig, bleu: bool) -> str:
+    """What a validation score measures, with the settings that change it: a best score or an
+    early-stopping count under other ones means nothing (found by review: a resume with
+    another label smoothing stopped at once, and froze best.safetensors)."""
+    if not bleu:
+        return f"loss (label smoothing {cfg.train.label_smoothing:g})"
+    d = cfg.decode
+    return (f"bleu (beam {cfg.train.valid_beam}, alpha {d.alpha:g}, coverage {d.coverage:g}, "
+            f"length {d.max_len_a:g}x+{d.max_len_b}, stop {d.stop}, inputs {d.max_input_len})")

@@ -44,11 +44,19 @@ def trained_weights(out: Path) -> list[str]:
 
 def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: Path,
                      manifest: dict) -> None:
-    """Refuse to train into ``out`` what would overwrite or mix with another run."""
+    """Refuse to train into ``out`` what would overwrite or mix with another run; first
+    finish a checkpoint save that a crash interrupted."""
+    if out.exists():
+        ckpt.finish_resaves(out)
     found = out.exists() and ckpt.list_checkpoints(out)
     if found and not resume:
         raise XindaError(f"{out}: already holds checkpoints; use --resume to continue or "
                          "choose another train.out_dir")
+    if not found and out.exists() and (torn := ckpt.torn_checkpoints(out)):
+        raise XindaError(f"{out}: holds only incomplete checkpoints ({', '.join(torn[:3])}"
+                         f"{', ...' if len(torn) > 3 else ''}), none to continue from: a new "
+                         "run would overwrite its log.csv; delete its checkpoints folder to "
+                         "start over, or choose another train.out_dir")
     weights = trained_weights(out)
     if weights and not found:  # a new run would overwrite another run's weights
         raise XindaError(f"{out}: holds trained weights ({', '.join(weights)}) but no "
@@ -186,6 +194,17 @@ def check_lengths(data_dir: Path, split: str, pair: tuple, max_positions: int) -
                 f"{data_dir}: {split} {side} sentence {longest + 1} has {n} pieces, but "
                 f"model.max_positions {max_positions} takes at most {max_positions - 1}: raise "
                 "it, or prepare with a smaller data.max_len (data.long_pairs: truncate for valid)")
+
+
+def warn_validation_settings(tc: TrainConfig, has_valid: bool, has_scorer: bool) -> None:
+    """Warn about validation settings that will have no effect."""
+    if tc.patience and not (tc.run_validation and has_valid):
+        log.warning("train.patience %d has no effect: %s", tc.patience,
+                    "train.run_validation is off" if has_valid
+                    else "the prepared data has no valid split")
+    if tc.valid_bleu and tc.run_validation and has_valid and not has_scorer:
+        log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
+                    "(xinda.evaluate.validation.validation_bleu builds one)")
 
 
 def warn_oversized(src, tgt, max_tokens: int) -> None:

@@ -40,7 +40,7 @@ from xinda.models.registry import build_model, resolve
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact, settings_fingerprint
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
-from xinda.train.progress import Progress, beats
+from xinda.train.progress import Progress, beats, validation_metric
 from xinda.train.run_dir import (
     apply_hyperparameters,
     check_batches_per_update,
@@ -48,6 +48,7 @@ from xinda.train.run_dir import (
     check_output_dir,
     retire_average,
     warn_oversized,
+    warn_validation_settings,
     write_stats,
 )
 from xinda.train.schedule import learning_rate, make_optimizer, optimizer_step, set_lr
@@ -102,13 +103,7 @@ class Trainer:
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
         self.saved_step: int | None = None  # the update of the newest checkpoint
         self._clock, self._wall_base = time.perf_counter(), 0.0  # see ``wall_seconds``
-        if tc.patience and not (tc.run_validation and self.has_valid):
-            log.warning("train.patience %d has no effect: %s", tc.patience,
-                        "train.run_validation is off" if self.has_valid
-                        else "the prepared data has no valid split")
-        if tc.valid_bleu and tc.run_validation and self.has_valid and valid_bleu is None:
-            log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
-                        "(xinda.evaluate.validation.validation_bleu builds one)")
+        warn_validation_settings(tc, self.has_valid, valid_bleu is not None)
 
     # ------------------------------------------------------------------ set-up and resume
     def write_output_dir(self) -> None:
@@ -156,13 +151,14 @@ class Trainer:
                  progress["step"], progress["epoch"], progress["batch"])
         return state
 
-    def save(self) -> None:
-        """Checkpoint (all ranks call it: their random states are collected; rank 0 writes)."""
+    def save(self, stop: bool = False) -> None:
+        """Checkpoint (all ranks call it: their random states are collected; rank 0 writes);
+        ``stop``: where the run stopped (a signal, a limit), not on the save_every/epoch grid."""
         ranks = self.ranks.save_rng()
-        self.ranks.main_only(lambda: self.write_checkpoint(ranks))  # its error is every rank's
+        self.ranks.main_only(lambda: self.write_checkpoint(ranks, stop))  # its error: all ranks'
         self.saved_step = self.progress.step
 
-    def write_checkpoint(self, ranks: dict | None) -> None:
+    def write_checkpoint(self, ranks: dict | None, stop: bool = False) -> None:
         self.progress.wall_seconds = self.wall_seconds()
         state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                  "rng": torch.get_rng_state(), "progress": asdict(self.progress),
@@ -170,13 +166,13 @@ class Trainer:
         if ranks:
             state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
         ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
-                             self.cfg.train.keep_last)
+                             self.cfg.train.keep_last, stop)
         retire_average(self.out, self.progress.step)
 
-    def save_unless_saved(self) -> None:
+    def save_unless_saved(self, stop: bool = False) -> None:
         """Checkpoint the current update unless the newest checkpoint already holds it."""
         if self.saved_step != self.progress.step:
-            self.save()
+            self.save(stop)
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
@@ -221,8 +217,8 @@ class Trainer:
         if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
             self.ranks.main_only(self.validate_and_keep_best)  # stopped inside an epoch
             p.validated_step = p.step  # (all ranks, and their checkpoint records the new best)
-            self.save()
-        self.save_unless_saved()
+            self.save(stop=True)
+        self.save_unless_saved(stop=True)
         if self.ranks.is_main:
             write_stats(self.out, p, precision=self.precision, device=str(self.device),
                         parameters=self.model.num_parameters())
@@ -234,7 +230,7 @@ class Trainer:
         KeyboardInterrupt."""
         if not asked:
             return
-        self.save_unless_saved()
+        self.save_unless_saved(stop=True)
         if self.ranks.is_main:
             name = signal.Signals(self.signals.received or signal.SIGTERM).name
             log.warning("stopped by %s after update %d: checkpoint step_%07d saved in %s; continue "
@@ -273,9 +269,11 @@ class Trainer:
                 window[:] = [0.0, 0.0, 0, 0.0]
             # the limits first: a checkpoint written after them records the time they saw
             asked, limit = self.ranks.any(self.signals.received is not None, self.limit_reached())
+            p.train_seconds += time.perf_counter() - t0  # the update's wall clock
             if tc.save_every and p.step % tc.save_every == 0:
-                self.save()
-            p.train_seconds += time.perf_counter() - t0  # loop wall clock, saving included
+                with p.timed():  # (recorded in the next checkpoint)
+                    self.save()  # and a signal that came meanwhile stops here, not an update on
+                asked = asked or self.ranks.any(self.signals.received is not None)[0]
             if asked or limit:
                 bar.close()
             if limit:  # the run is over: validated and saved as without the signal
@@ -285,8 +283,9 @@ class Trainer:
         return False
 
     def stopped_early(self) -> bool:
-        patience = self.cfg.train.patience
-        return bool(patience and self.progress.bad_epochs >= patience)
+        tc = self.cfg.train  # (without validation patience has no effect, as warned)
+        return bool(tc.patience and tc.run_validation and self.has_valid
+                    and self.progress.bad_epochs >= tc.patience)
 
     def steps_done(self) -> bool:
         max_steps = self.cfg.train.max_steps
@@ -374,8 +373,8 @@ class Trainer:
                        valid_bleu=scores.get("bleu"))
         plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
         score = scores.get("bleu", -scores["loss"])
-        metric = "bleu" if "bleu" in scores else "loss"
-        if p.best_metric and p.best_metric != metric:
+        metric = validation_metric(self.cfg, "bleu" in scores)  # ("bleu": saved before)
+        if p.best_metric and p.best_metric not in (metric, metric.split()[0]):
             log.warning("validation now scores by %s, not %s: the best score and early "
                         "stopping's count start over", metric, p.best_metric)
             p.reset_best()
