@@ -93,7 +93,7 @@ def test_averaging_checks_names_and_shapes_and_keeps_dtypes(tmp_path):
     broadcast together, and bf16 weights came back float32."""
     from safetensors.torch import load_file, save_file
 
-    from xinda.checkpoint import average_checkpoints
+    from xinda.averaging import average_checkpoints
     from xinda.errors import XindaError
 
     def write(name, **tensors):
@@ -119,7 +119,7 @@ def test_averaging_keeps_integer_tensors_and_refuses_differing_ones(tmp_path):
     differing ones were averaged and truncated."""
     from safetensors.torch import load_file, save_file
 
-    from xinda.checkpoint import average_checkpoints
+    from xinda.averaging import average_checkpoints
     from xinda.errors import XindaError
 
     big = torch.tensor([2**53 + 1], dtype=torch.int64)

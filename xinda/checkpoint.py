@@ -77,7 +77,7 @@ def state_tensors(weights: Path) -> Path:
 
 
 # ------------------------------------------------------------------ writing and reading files
-def _write(path: Path, save: Callable[[Path], None]) -> None:
+def write_file(path: Path, save: Callable[[Path], None]) -> None:
     """``save(tmp)``, flushed to disk and renamed over ``path``; a failure to write (disk full,
     no permission, ...) is a XindaError naming ``path`` and the system's reason."""
     def save_synced(tmp: Path) -> None:
@@ -88,11 +88,11 @@ def _write(path: Path, save: Callable[[Path], None]) -> None:
     try:
         atomic_save(path, save_synced)
     except (OSError, SafetensorError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else _one_line(err)
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else error_text(err)
         raise XindaError(f"{path}: cannot write: {reason}") from None
 
 
-def _one_line(err: BaseException) -> str:
+def error_text(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
@@ -105,7 +105,7 @@ def _sha256(path: Path) -> str:
 
 
 def save_weights(model: torch.nn.Module, path: str | Path) -> None:
-    _write(Path(path), lambda tmp: save_model(model, str(tmp)))
+    write_file(Path(path), lambda tmp: save_model(model, str(tmp)))
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
@@ -119,7 +119,7 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
             names = f.keys()  # a safe_open handle is not iterable
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in names}
     except (SafetensorError, OSError, ValueError) as err:
-        raise XindaError(f"{path}: not a readable safetensors weights file ({_one_line(err)})"
+        raise XindaError(f"{path}: not a readable safetensors weights file ({error_text(err)})"
                          ) from None
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     wrong = [f"{name} has shape {shapes[name]} in the file but the model expects "
@@ -132,7 +132,7 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except (SafetensorError, RuntimeError, OSError) as err:
-        raise XindaError(f"{path}: cannot load the weights: {_one_line(err)}") from None
+        raise XindaError(f"{path}: cannot load the weights: {error_text(err)}") from None
     if missing or unexpected:
         raise XindaError(f"{path}: weights do not fit the model (a different architecture?): "
                          f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
@@ -215,12 +215,12 @@ def _write_checkpoint(weights: Path, step: int, model: torch.nn.Module, state: d
     """The three files of checkpoint ``weights``, the JSON document (the commit mark) last."""
     document, tensors = split_state(state)
     save_weights(model, weights)
-    _write(state_tensors(weights), lambda tmp: save_file(tensors, str(tmp)))
+    write_file(state_tensors(weights), lambda tmp: save_file(tensors, str(tmp)))
     files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
              for p in (weights, state_tensors(weights))}
     text = json.dumps({"format_version": FORMAT_VERSION, "step": step,
                        "files": files, "state": document}, indent=1)
-    _write(state_json(weights), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_file(state_json(weights), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def _resave(weights: Path, step: int, model: torch.nn.Module, state: dict) -> None:
@@ -275,7 +275,7 @@ def _read_document(weights: Path, verify: bool) -> tuple[dict | None, str]:
     try:
         document = json.loads(meta.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        return None, f"{meta.name} is not valid JSON ({_one_line(err)})"
+        return None, f"{meta.name} is not valid JSON ({error_text(err)})"
     check_format(document, meta)
     files = document.get("files")
     for path in (weights, state_tensors(weights)):
@@ -325,7 +325,7 @@ def load_state(weights: Path) -> dict:
     try:
         tensors = load_file(str(state_tensors(weights)))
     except (SafetensorError, OSError) as err:
-        raise XindaError(f"{state_tensors(weights)}: unreadable ({_one_line(err)})") from None
+        raise XindaError(f"{state_tensors(weights)}: unreadable ({error_text(err)})") from None
     state = state_from_parts(document["state"], tensors, state_json(weights))
     return {"format_version": document["format_version"], **state}
 
@@ -380,28 +380,3 @@ def default_weights(model_dir: str | Path) -> Path:
     if not ckpts:
         raise XindaError(f"{model_dir}: no trained weights (no best.safetensors or checkpoints)")
     return ckpts[-1]
-
-
-def average_checkpoints(paths: list[Path], out: Path) -> None:
-    """Element-wise mean of the parameters of several checkpoints (Vaswani et al. 2017, 6.1);
-    a tensor of integers (a counter, an index) must be equal in all of them and is kept."""
-    if not paths:
-        raise XindaError("no checkpoints to average")
-    first = load_file(str(paths[0]))
-    total = {name: tensor.double() for name, tensor in first.items()}
-    for path in paths[1:]:
-        weights = load_file(str(path))
-        for name in total.keys() ^ weights.keys():
-            raise XindaError(f"{path}: {name} is in only one of it and {paths[0]}: "
-                             "checkpoints of different models cannot be averaged")
-        for name, tensor in weights.items():
-            if tensor.shape != total[name].shape:
-                raise XindaError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
-                                 f"{tuple(total[name].shape)} in {paths[0]}")
-            if not tensor.is_floating_point() and not torch.equal(tensor, first[name]):
-                raise XindaError(f"{path}: {name} holds integers that differ from those in "
-                                 f"{paths[0]}: they cannot be averaged")
-            total[name] += tensor.double()
-    averaged = {name: (t / len(paths)).to(first[name].dtype)
-                if first[name].is_floating_point() else first[name] for name, t in total.items()}
-    _write(Path(out), lambda tmp: save_file(averaged, str(tmp)))

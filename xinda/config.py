@@ -166,7 +166,7 @@ class TrainConfig(Strict):
     # few, since the batch shapes change at every update; 0 = leave the defaults (1024)
     onednn_cache: int = Field(8, ge=0)
     # glibc: keep freed memory in the heap for the next update instead of returning it to the
-    # OS and faulting it in again (xinda.device.keep_freed_heap)
+    # OS and faulting it in again (xinda.device.keep_freed_heap; for the whole process, for good)
     keep_heap: bool = True
     save_every: int = Field(0, ge=0)  # checkpoint every N updates (0: only per epoch)
     keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
@@ -238,7 +238,8 @@ class DecodeConfig(Strict):
     # auto: bf16 where it is fast; int8: dynamic int8 linear layers on CPU (xinda.models.quantize)
     precision: Literal["fp32", "bf16", "int8", "auto"] = "fp32"
     # glibc, on CPU: keep freed memory in the heap for the next step's tensors instead of
-    # faulting it in again from the OS (xinda.device.keep_freed_heap; beam 5 ~10 % faster)
+    # faulting it in again from the OS (xinda.device.keep_freed_heap; beam 5 ~10 % faster);
+    # it holds for the whole process from then on (a later keep_heap false does not undo it)
     keep_heap: bool = True
     # CPU processes that decode batches side by side, one thread each (xinda.decode.workers);
     # 1: decode in this process, with its threads
@@ -322,7 +323,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
             raise XindaError(f"{path}: expected a mapping at the top level")
         # a section left empty (only comments) keeps its defaults
         tree = {k: v for k, v in tree.items() if v is not None or k not in SECTIONS}
-    apply_overrides(tree, list(overrides))
+    apply_overrides(tree, overrides)  # (which refuses one string for a list)
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as err:

@@ -3,6 +3,7 @@ one-line XindaError, ``--set a.b=value`` overrides applied to the parsed tree.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -68,8 +69,11 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
-def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict in place."""
+    if isinstance(overrides, str):
+        raise XindaError(f"overrides: expected a list of KEY=VALUE strings, got one: "
+                         f"[{overrides!r}]?")
     for item in overrides:
         key, raw = item.split("=", 1) if "=" in item else ("", "")
         if not all(key.strip().split(".")):  # no "=", or "=5", "train.=5", "train..lr=5"

@@ -111,8 +111,8 @@ def tune_training_memory(onednn_cache: int, keep_heap: bool) -> None:
         keep_freed_heap()
 
 
-def check_device(name: str) -> None:
-    """``--device`` must be cpu, cuda or cuda:N, and one this machine has."""
+def check_device(name: str, what: str = "--device") -> None:
+    """``--device`` (``what``) must be cpu, cuda or cuda:N, and one this machine has."""
     try:
         device = torch.device(name)
         if device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index):
@@ -120,7 +120,7 @@ def check_device(name: str) -> None:
         torch.empty(0, device=device)
     except Exception as err:  # noqa: BLE001 - torch raises several types for devices it lacks
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise XindaError(f"--device {name}: not available here ({reason})") from None
+        raise XindaError(f"{what} {name}: not available here ({reason})") from None
 
 
 def set_threads(threads: int) -> None:

@@ -306,3 +306,16 @@ def log_to_stderr() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_WarningsNamed("%(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def check_lines(lines, name: str = "lines") -> list[str]:
+    """``lines`` (any iterable of str) as a list; one string, or an item that is not one, is
+    a XindaError (before: a string was translated character by character)."""
+    if isinstance(lines, (str, bytes)) or not hasattr(lines, "__iter__"):
+        hint = " (wrap one text in a list: [text])" if isinstance(lines, str) else ""
+        raise XindaError(f"{name}: expected a list of strings, got {type(lines).__name__}{hint}")
+    lines = list(lines)
+    for i, line in enumerate(lines, start=1):
+        if not isinstance(line, str):
+            raise XindaError(f"{name}: item {i} is {type(line).__name__}, not str")
+    return lines

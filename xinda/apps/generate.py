@@ -17,7 +17,7 @@ from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
 from xinda.decode.translator import Translation, Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, is_punctuation
-from xinda.utils import visible_text
+from xinda.utils import check_lines, visible_text
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class PoemPrompt:
     def check(self, where: str) -> None:
         if self.form not in FORMS:
             raise XindaError(f"{where}: form must be {' or '.join(map(str, FORMS))}, "
-                             f"got {self.form}")
+                             f"got {self.form!r}")
         bad = [ch for ch in self.acrostic if not is_han(ch)]
         if bad:
             raise XindaError(f"{where}: acrostic characters must be Han characters, got "
@@ -99,7 +99,8 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
     XindaError."""
     _check_characters(translator)
     table = CharacterTable.of(translator.tgt_vocab)
-    lines = [as_written(first_line_characters(up), table) for up in ups]
+    lines = [as_written(first_line_characters(up), table)
+             for up in check_lines(ups, "first lines")]
     for i, line in enumerate(lines, start=1):
         if not is_first_line(line):
             raise XindaError(f"first line {i} is empty (or control characters or punctuation "
@@ -158,6 +159,8 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
     _check_characters(translator)
     table = CharacterTable.of(translator.tgt_vocab)
     sources, layouts, lengths, heads = [], [], [], []
+    if isinstance(prompts, PoemPrompt):
+        raise XindaError("prompts: expected a list of PoemPrompt, got one (wrap it: [prompt])")
     for i, given in enumerate(prompts, start=1):
         prompt = read_prompt(given, table, f"prompt {i}", rhyme)
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)

@@ -59,28 +59,14 @@ def say(*lines: str) -> None:
 
 def validated(cfg: ExperimentConfig, source: Path | str, overrides: list[str] = ()
               ) -> ExperimentConfig:
-    """``cfg`` (read from ``source`` with ``overrides``) once its model section, a dict that
-    ``load_config`` does not check, is valid too, and the sections agree: every command that
-    reads an experiment config checks all of it before doing any work."""
-    from xinda.models.registry import resolve
-    from xinda.train.schedule import noam_min_lr_problem
+    """``cfg`` (read from ``source`` with ``overrides``) once all of it is valid and its
+    sections agree (``checked_model``): every command that reads an experiment config checks
+    it before doing any work."""
+    from xinda.train.run_dir import checked_model
 
-    def where(key: str) -> str:
-        return config_source(source, list(overrides), key)
-
-    model = resolve(cfg.model, where("model"))
-    if problem := noam_min_lr_problem(cfg.train, model.model_dim):
-        raise XindaError(f"{where('train')}: {problem}")
-    if Path(cfg.train.out_dir).resolve() == Path(cfg.data.out_dir).resolve():
-        raise XindaError(f"{where('train.out_dir')}: train.out_dir and data.out_dir are both "
-                         f"{cfg.data.out_dir!r}: a new prepare would replace the vocabulary "
-                         "under the trained model; use two folders")
-    for problem in cfg.decode.unused_settings():
-        raise XindaError(f"{where('decode')}: {problem}")
-    if cfg.decode.coverage > 0 and not model.has_attention:
-        raise XindaError(f"{where('decode.coverage')}: decode.coverage: the coverage penalty "
-                         "needs a model that attends to the source; this one has "
-                         "model.attention none")
+    checked_model(cfg, source, overrides)
+    for problem in cfg.decode.unused_settings():  # (not Trainer's: it may train such a model)
+        raise XindaError(f"{config_source(source, list(overrides), 'decode')}: {problem}")
     return cfg
 
 
@@ -183,7 +169,8 @@ def average(model_dir: Path,
                 "-o", "--output", help="default: MODEL_DIR/averaged.safetensors")] = None
             ) -> None:
     """Average the parameters of the last N checkpoints into MODEL_DIR/averaged.safetensors."""
-    from xinda.checkpoint import average_checkpoints, checkpoint_dir, list_checkpoints
+    from xinda.averaging import average_checkpoints
+    from xinda.checkpoint import checkpoint_dir, list_checkpoints
 
     paths = list_checkpoints(model_dir)[-last:]
     if not paths:

@@ -366,7 +366,12 @@ def _build(cfg: DataConfig, pipes: dict[str, TextPipeline], raw: dict[str, Pair]
 
 
 def prepare(cfg: DataConfig, log: Callable[[str], None] = print) -> dict:
-    """Run the whole ``xinda prepare`` pipeline; write ``cfg.out_dir`` and return the manifest."""
+    """Run the whole ``xinda prepare`` pipeline; write ``cfg.out_dir`` and return the manifest.
+    With ``cfg.workers`` > 1 the workers start by spawning, which imports the calling script
+    again: a script must call this under ``if __name__ == "__main__":``."""
+    if not isinstance(cfg, DataConfig):
+        raise XindaError(f"prepare takes a DataConfig (an experiment's .data), not "
+                         f"{type(cfg).__name__}")
     prefixes = _split_prefixes(cfg)
     for prefix in prefixes.values():  # a missing file fails at once
         corpus_files(prefix, cfg.src_lang, cfg.tgt_lang)

@@ -107,7 +107,8 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
     except BrokenProcessPool:
         raise XindaError(f"a data.workers process died (killed, or out of memory?): run "
                          f"prepare again, with fewer than {workers} workers or a smaller "
-                         "data.chunk_size") from None
+                         "data.chunk_size (from a Python script: call prepare under "
+                         "`if __name__ == \"__main__\":`, which spawned workers need)") from None
     finally:
         with interrupts_deferred():  # (a second Ctrl-C must not stop it half-way either)
             pool.shutdown(wait=True, cancel_futures=True)

@@ -81,6 +81,10 @@ class Constraint:
         """Per row: tokens not allowed at output position ``step``."""
         return ()
 
+    def sentences(self) -> int | None:
+        """How many sentences it was built for (None: any number)."""
+        return None
+
     def length(self, sentence: int) -> int | None:
         """The exact output length of ``sentence`` (tokens before EOS), or None."""
         return None
@@ -100,6 +104,9 @@ class TargetPrefix(Constraint):
     def __init__(self, prefixes: Sequence[Sequence[int]]):
         self.prefixes = [list(p) for p in prefixes]
 
+    def sentences(self) -> int:
+        return len(self.prefixes)
+
     def allowed_tokens(self, step, tokens, sentence):
         prefix = self.prefixes[sentence]
         return [prefix[step]] if step < len(prefix) else None
@@ -115,6 +122,9 @@ class Template(Constraint):
     def __init__(self, fixed: Sequence[dict[int, int]]):
         self.fixed = [dict(f) for f in fixed]
 
+    def sentences(self) -> int:
+        return len(self.fixed)
+
     def allowed_tokens(self, step, tokens, sentence):
         token = self.fixed[sentence].get(step)
         return None if token is None else [token]
@@ -129,6 +139,9 @@ class ExactLength(Constraint):
 
     def __init__(self, lengths: Sequence[int | None]):
         self.lengths = list(lengths)
+
+    def sentences(self) -> int:
+        return len(self.lengths)
 
     def length(self, sentence):
         return self.lengths[sentence]
@@ -155,6 +168,9 @@ class BanSourceTokens(Constraint):
         rows = src.tolist() if isinstance(src, Tensor) else src
         special = {vocab.pad, vocab.bos, vocab.eos}
         self.tokens = [sorted(set(row) - special) for row in rows]
+
+    def sentences(self) -> int:
+        return len(self.tokens)
 
     def banned_tokens(self, step, tokens, sentence):
         return self.tokens[sentence]

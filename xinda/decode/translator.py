@@ -37,20 +37,23 @@ from xinda.decode.constraints import (
     reindex,
 )
 from xinda.decode.ensemble import Ensemble, check_same_vocabularies
+from xinda.decode.options import (
+    check_constraints,
+    check_format,
+    check_sampling_options,
+)
 from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
 from xinda.decode.workers import map_in_workers
-from xinda.device import autocast, keep_freed_heap, pick_precision
+from xinda.device import autocast, check_device, keep_freed_heap, pick_precision
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.quantize import quantize_int8
 from xinda.models.registry import build_model, resolve
+from xinda.utils import check_lines
 
 log = logging.getLogger("xinda")
 UNSATISFIABLE = "the search found no output that satisfies the constraints"
-FORMATS = ("text", "pieces")  # input_format / output_format
-BEAM_ONLY = DecodeConfig.BEAM_ONLY  # beam-search options, unused when sampling
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")  # need decode.sampling
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Translator:
         self.src_vocab, self.tgt_vocab = vocabs.src, vocabs.tgt
         self.device = next(model.parameters()).device
         self._int8: Seq2SeqModel | None = None  # the int8 copy, made on first use
+        self._int8_made_from: tuple = ()  # the weights it was made from (see int8_model)
 
     @classmethod
     def load(cls, model_dir: str | Path, checkpoint: str | Path | None = None,
@@ -89,6 +93,9 @@ class Translator:
         """Load a trained model directory (config, vocabularies and weights); with
         ``ensemble`` (more model directories, same vocabularies) the models decode together
         (``xinda.decode.ensemble``), with the first one's config and text pipelines."""
+        if isinstance(ensemble, (str, Path)):
+            raise XindaError(f"ensemble={str(ensemble)!r}: give a list of model directories")
+        check_device(str(device), "device")
         dirs = [Path(model_dir), *map(Path, ensemble)]
         for folder in dirs:
             if not folder.is_dir():
@@ -144,6 +151,8 @@ class Translator:
         """
         pieces_in = check_format("input_format", input_format) == "pieces"
         check_format("output_format", output_format)
+        lines = check_lines(lines)
+        check_constraints(constraints, len(lines))
         dec = self.decode_settings(options)
         check_sampling_options(options, dec, sampler)
         sampling = sampler or SamplingConfig.from_decode(dec)
@@ -231,8 +240,10 @@ class Translator:
         """The model with int8 linear layers (``decode.precision: int8``; CPU only)."""
         if self.device.type != "cpu":
             raise XindaError(f"decode.precision int8 runs on CPU, not {self.device.type}")
-        if self._int8 is None:
-            self._int8 = quantize_int8(self.model)
+        # made again when the weights changed in place (load_weights): their version counters
+        made_from = tuple((id(p), p._version, p.dtype) for p in self.model.parameters())
+        if self._int8 is None or self._int8_made_from != made_from:
+            self._int8, self._int8_made_from = quantize_int8(self.model), made_from
         return self._int8
 
     def _search(self, src: torch.Tensor, model: Seq2SeqModel, dec: DecodeConfig,
@@ -257,6 +268,8 @@ class Translator:
         ``ban`` (target pieces or words that are one piece; blanks ignored), no repeated
         n-grams of that size (0: off), no copied source tokens, an exact output length."""
         check_format("input_format", input_format)
+        lines = check_lines(lines)
+        prefixes = None if prefixes is None else check_lines(prefixes, "prefixes")
         if no_repeat_ngram < 0 or (exact_length or 0) < 0:
             raise XindaError("the n-gram size and exact length must be >= 0, got "
                              f"{no_repeat_ngram} and {exact_length}")
@@ -362,30 +375,6 @@ class Translator:
         attn = (None if hyp.attention is None
                 else hyp.attention[:, : len(src_ids)].to("cpu", copy=True))
         return Translation(text, hyp.score, self._source_pieces(src_ids), pieces, attn)
-
-
-def check_format(name: str, value: str) -> str:
-    """``value`` of ``input_format``/``output_format`` (``name``), or a XindaError."""
-    if value not in FORMATS:
-        raise XindaError(f"{name} must be {' or '.join(map(repr, FORMATS))}, got {value!r}")
-    return value
-
-
-def check_sampling_options(options: dict, dec: DecodeConfig,
-                           sampler: SamplingConfig | None) -> None:
-    """A XindaError for settings among ``options`` that would be ignored: sampling ones
-    without sampling or beside a ``sampler`` (which has its own), beam-search ones when
-    sampling."""
-    beam_given = ", ".join(name for name in BEAM_ONLY if name in options)
-    if beam_given and (sampler is not None or dec.sampling):
-        raise XindaError(f"{beam_given}: beam-search options, not used when sampling "
-                         "(samples sets the outputs per line)")
-    given = ", ".join(name for name in SAMPLING_ONLY if name in options)
-    if given and sampler is not None:
-        raise XindaError(f"{given}: set them on the sampler, not as options, when one is given")
-    if given and not dec.sampling:
-        raise XindaError(f"{', '.join(SAMPLING_ONLY[:-1])} and {SAMPLING_ONLY[-1]} need "
-                         f"sampling=True (given: {given})")
 
 
 def empty_translations(line: int, constraints: Sequence[Constraint], n: int

@@ -18,7 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
 from xinda.errors import XindaError
-from xinda.utils import input_name, read_input, read_lines
+from xinda.utils import check_lines, input_name, read_input, read_lines
 
 Refs = Sequence[str] | Sequence[Sequence[str]]
 LengthUnit = Literal["auto", "words", "chars"]
@@ -41,9 +41,11 @@ class Score:
 
 def _ref_streams(refs: Refs) -> list[list[str]]:
     """Normalise one reference stream or several into a list of streams."""
+    if isinstance(refs, str):
+        raise XindaError("references: expected a list of strings (or of streams), got str")
     if all(isinstance(r, str) for r in refs):
-        return [list(refs)]  # type: ignore[arg-type]
-    return [list(stream) for stream in refs]
+        return [check_lines(refs, "references")]
+    return [check_lines(stream, f"reference stream {i}") for i, stream in enumerate(refs, 1)]
 
 
 def _check_lengths(hyps: Sequence[str], streams: list[list[str]]) -> None:
@@ -113,12 +115,13 @@ def corpus_scores(
     the English ones stemmed). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L. An
     unusable ``tokenize`` is refused whichever metrics are asked for.
     """
-    streams = _ref_streams(refs)
+    hyps, streams = check_lines(hyps, "hypotheses"), _ref_streams(refs)
     _check_lengths(hyps, streams)
-    hyps = list(hyps)
     tokenize = resolve_tokenizer(tokenize, streams)
     if tokenize is not None:
         _make_bleu(tokenize)  # refused before any score, as with BLEU among the metrics
+    if isinstance(metrics, str):  # "bleu,chrf", as on the command line
+        metrics = metrics.split(",")
     metrics = [name.strip() for name in metrics]  # "bleu, chrf"
     unknown = [name for name in metrics if name.lower() not in METRICS]
     if unknown:

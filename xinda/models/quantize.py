@@ -69,7 +69,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     are copied: the embedding stays float32, the output layer gets its own int8 copy)."""
     if not int8_supported():
         raise XindaError("decode.precision int8: this PyTorch build has no CPU int8 engine")
-    quantized = copy.deepcopy(model).cpu().eval()
+    quantized = copy.deepcopy(model).cpu().float().eval()  # (a bf16 model's norms too)
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):

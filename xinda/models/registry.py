@@ -53,6 +53,9 @@ def resolve(spec: dict[str, Any], where: str = "") -> BaseModel:
     the key as ``model.KEY``, after ``where`` (the config file) when given."""
     _load_families()
     head = f"{where}: " if where else ""
+    if not isinstance(spec, dict):
+        raise XindaError(f"{head}model: expected a mapping (preset or arch and fields), got "
+                         f"{type(spec).__name__} {spec!r:.40}")
     spec = dict(spec)
     if "preset" not in spec and "arch" not in spec:  # e.g. only `--set model.dropout=0.3`
         spec["preset"] = DEFAULT_PRESET

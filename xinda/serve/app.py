@@ -29,7 +29,7 @@ from starlette.routing import Route
 from xinda import __version__
 from xinda.apps.generate import PoemPrompt, first_line_characters, is_first_line, read_prompt
 from xinda.apps.rules import CharacterTable
-from xinda.decode.translator import BEAM_ONLY, SAMPLING_ONLY
+from xinda.decode.options import BEAM_ONLY, SAMPLING_ONLY
 from xinda.errors import XindaError
 from xinda.serve import tasks
 from xinda.serve.auth import API_KEY, BEARER, check_api_key

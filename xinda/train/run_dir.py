@@ -23,18 +23,42 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, TrainConfig, load_config
+from xinda.config_yaml import config_source
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
 from xinda.train.curves import plot_curves
 from xinda.train.progress import Progress
+from xinda.train.schedule import noam_min_lr_problem
 from xinda.utils import atomic_write_text
 
 log = logging.getLogger("xinda")
 
 FIXED_TRAIN = ("seed", "max_tokens", "optimizer")  # (and the batches per update, below)
+
+
+def checked_model(cfg: ExperimentConfig, source: Path | str = "config",
+                  overrides: list[str] = ()) -> BaseModel:
+    """The model config of ``cfg`` once its model section (a dict that ``load_config`` does
+    not check) is valid and the sections agree; errors name ``source`` (and ``overrides``)."""
+    def where(key: str) -> str:
+        return config_source(source, list(overrides), key)
+
+    model = resolve(cfg.model, where("model"))
+    if problem := noam_min_lr_problem(cfg.train, model.model_dim):
+        raise XindaError(f"{where('train')}: {problem}")
+    if Path(cfg.train.out_dir).resolve() == Path(cfg.data.out_dir).resolve():
+        raise XindaError(f"{where('train.out_dir')}: train.out_dir and data.out_dir are both "
+                         f"{cfg.data.out_dir!r}: a new prepare would replace the vocabulary "
+                         "under the trained model; use two folders")
+    if cfg.decode.coverage > 0 and not model.has_attention:
+        raise XindaError(f"{where('decode.coverage')}: decode.coverage: the coverage penalty "
+                         "needs a model that attends to the source; this one has "
+                         "model.attention none")
+    return model
 
 
 def trained_weights(out: Path) -> list[str]:

@@ -36,7 +36,7 @@ from xinda.data.manifest import data_fingerprint, load_manifest, load_split, loa
 from xinda.device import pick_precision, tune_training_memory
 from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
-from xinda.models.registry import build_model, resolve
+from xinda.models.registry import build_model
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact, settings_fingerprint
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
@@ -46,6 +46,7 @@ from xinda.train.run_dir import (
     check_batches_per_update,
     check_lengths,
     check_output_dir,
+    checked_model,
     retire_average,
     warn_oversized,
     warn_validation_settings,
@@ -79,7 +80,7 @@ class Trainer:
         self.precision = pick_precision(tc.precision, self.device)
         self.manifest = load_manifest(self.data_dir)
         self.vocab = load_vocabularies(self.data_dir, self.manifest).info
-        self.model_cfg = resolve(cfg.model)
+        self.model_cfg = checked_model(cfg)  # (what `xinda train` checks before any work)
         self.model = build_model(self.model_cfg, self.vocab).to(self.device)
         self.net = self.model  # what trains: in DistributedDataParallel with several ranks
         self.ranks.seed_rank(tc.seed)
@@ -104,6 +105,7 @@ class Trainer:
         self.saved_step: int | None = None  # the update of the newest checkpoint
         self._clock, self._wall_base = time.perf_counter(), 0.0  # see ``wall_seconds``
         warn_validation_settings(tc, self.has_valid, valid_bleu is not None)
+        self.start_rng = self.ranks.rng_state()  # what train() draws from (not resumed)
 
     # ------------------------------------------------------------------ set-up and resume
     def write_output_dir(self) -> None:
@@ -182,6 +184,7 @@ class Trainer:
                 "model or train settings": settings_fingerprint(self.model_cfg, self.cfg.train)})
             self.ranks.main_only(lambda: check_output_dir(self.out, resume, self.cfg,
                                                           self.data_dir, self.manifest))
+            self.ranks.set_rng_state(self.start_rng)  # (another Trainer built since reseeds)
             if resume:
                 self.resume()
             self.ranks.main_only(self.write_output_dir)
@@ -287,14 +290,10 @@ class Trainer:
         return bool(tc.patience and tc.run_validation and self.has_valid
                     and self.progress.bad_epochs >= tc.patience)
 
-    def steps_done(self) -> bool:
-        max_steps = self.cfg.train.max_steps
-        return bool(max_steps and self.progress.step >= max_steps)
-
     def limit_reached(self) -> bool:
         tc = self.cfg.train
         over_time = tc.max_seconds and self.wall_seconds() >= tc.max_seconds
-        return self.steps_done() or bool(over_time)
+        return bool(tc.max_steps and self.progress.step >= tc.max_steps or over_time)
 
     def wall_seconds(self) -> float:
         """Wall clock of the training loops so far, validation included, over this run and

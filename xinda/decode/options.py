@@ -1,0 +1,49 @@
+"""Checks of what ``Translator.translate`` is given: formats, the constraints built for its
+lines, and decode options that would be ignored (the lines: ``xinda.utils.check_lines``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xinda.config import DecodeConfig
+from xinda.decode.constraints import Constraint
+from xinda.decode.sampling import SamplingConfig
+from xinda.errors import XindaError
+
+FORMATS = ("text", "pieces")  # input_format / output_format
+BEAM_ONLY = DecodeConfig.BEAM_ONLY  # beam-search options, unused when sampling
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")  # need decode.sampling
+
+
+def check_constraints(constraints: Sequence[Constraint], lines: int) -> None:
+    """Constraints built for another number of sentences than ``lines`` are a XindaError."""
+    for constraint in constraints:
+        if (n := constraint.sentences()) is not None and n != lines:
+            raise XindaError(f"a {type(constraint).__name__} constraint built for {n} "
+                             f"sentences, given with {lines} lines")
+
+
+def check_format(name: str, value: str) -> str:
+    """``value`` of ``input_format``/``output_format`` (``name``), or a XindaError."""
+    if value not in FORMATS:
+        raise XindaError(f"{name} must be {' or '.join(map(repr, FORMATS))}, got {value!r}")
+    return value
+
+
+def check_sampling_options(options: dict, dec: DecodeConfig,
+                           sampler: SamplingConfig | None) -> None:
+    """A XindaError for settings among ``options`` that would be ignored: sampling ones
+    without sampling or beside a ``sampler`` (which has its own), beam-search ones when
+    sampling."""
+    beam_given = ", ".join(name for name in BEAM_ONLY if name in options)
+    if beam_given and (sampler is not None or dec.sampling):
+        raise XindaError(f"{beam_given}: beam-search options, not used when sampling "
+                         "(samples sets the outputs per line)")
+    if sampler is not None and options.get("sampling") is False:
+        raise XindaError("a sampler with sampling=False: give one or the other")
+    given = ", ".join(name for name in SAMPLING_ONLY if name in options)
+    if given and sampler is not None:
+        raise XindaError(f"{given}: set them on the sampler, not as options, when one is given")
+    if given and not dec.sampling:
+        raise XindaError(f"{', '.join(SAMPLING_ONLY[:-1])} and {SAMPLING_ONLY[-1]} need "
+                         f"sampling=True (given: {given})")
