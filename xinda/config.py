@@ -70,7 +70,8 @@ class Strict(BaseModel):
 
 # data settings only sentencepiece training reads (and seed, which is left alone: a seed given
 # everywhere is no mistake)
-SPM_TRAINING = {"subword", "vocab_size", "joint_vocab", "character_coverage", "spm_sample"}
+SPM_TRAINING = {"subword", "vocab_size", "joint_vocab", "character_coverage", "spm_sample",
+                "byte_fallback"}
 
 
 class DataConfig(Strict):
@@ -95,6 +96,9 @@ class DataConfig(Strict):
     vocab_size: int = Field(8000, ge=16, lt=2**31)  # per model (joint: one for both sides)
     joint_vocab: bool = True  # one shared sentencepiece model (enables tied embeddings)
     character_coverage: float = Field(1.0, ge=0.98, le=1)  # sentencepiece's range
+    # characters outside the vocabulary as UTF-8 byte pieces, not <unk> (256 of vocab_size;
+    # for Chinese, whose rare characters came out as " ⁇ ")
+    byte_fallback: bool = False
     spm_model: str | None = None  # reuse an existing (joint) sentencepiece model instead
     max_len: int = Field(250, ge=1)  # drop training pairs with more subword tokens on a side
     long_pairs: Literal["drop", "truncate"] = "drop"  # or cut a side over max_len to max_len

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from xinda.data import text as text_module
-from xinda.data.text import SPACE_MARK, TextPipeline
+from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
 
 
 @pytest.mark.parametrize(
@@ -132,10 +132,12 @@ def test_a_sentencepiece_space_symbol_is_cleaned_to_an_underscore(tmp_path):
      "“还要咖啡吗？”“不了，谢谢。”", "访问http://www.example.com/a?b=c获取信息。"],
 )
 def test_jieba_round_trip(line):
+    """(NFKC makes full-width punctuation ASCII; postprocess makes it full-width again where
+    it touches a CJK character, so these lines, written so, come back as they were.)"""
     pipe = TextPipeline("NFKC", False, "jieba", "zh")
     tokens = pipe.preprocess(line)
     assert " " in tokens and "  " not in tokens
-    assert pipe.postprocess(tokens) == pipe.clean(line)
+    assert pipe.postprocess(tokens) == restore_wide_punctuation(pipe.clean(line)) == line
 
 
 @pytest.mark.parametrize(("lowercase", "line"), [
@@ -144,11 +146,11 @@ def test_jieba_round_trip(line):
     (False, "'Hello' world, don't 'go'."),
     (True, "我说OK. Then we go to www.Google.com."),
     (False, "He said “hi” to me, ‘yo’ and don’t."),
-    (False, '他说："你好"吗? 1, 2, 3 and 1,000 at 10:30.'),  # before: "1,2,3"
+    (False, '他说："你好"吗？1, 2, 3 and 1,000 at 10:30.'),  # before: "1,2,3"
 ])
 def test_jieba_round_trip_of_quotes_and_full_stops(lowercase, line):
     pipe = TextPipeline("NFKC", lowercase, "jieba", "zh")
-    assert pipe.postprocess(pipe.preprocess(line)) == pipe.clean(line)
+    assert pipe.postprocess(pipe.preprocess(line)) == restore_wide_punctuation(pipe.clean(line))
 
 
 def test_jieba_keeps_spaces_between_latin_words():
@@ -207,3 +209,39 @@ def test_an_invisible_character_does_not_keep_an_accent_from_composing(invisible
     for form in ("NFC", "NFKC"):
         cleaned = TextPipeline(form, False, "none", "fr").clean(f"cafe{invisible}\u0301  noir")
         assert cleaned == "caf\u00e9 noir" and unicodedata.is_normalized(form, cleaned)
+
+
+@pytest.mark.parametrize("pretok", ["none", "jieba", "char"])
+def test_nfkc_gives_back_full_width_chinese_punctuation(pretok):
+    """Found by review: NFKC made "，：；？！（）" ASCII and nothing put them back, so a
+    perfect model scored 79.9 BLEU on classical-modern Chinese references (now 99.98)."""
+    pipe = TextPipeline("NFKC", False, pretok, "zh")
+    line = "他说：你好，世界！（测试）真的吗？是；对。"
+    assert pipe.clean(line) == "他说:你好,世界!(测试)真的吗?是;对。"
+    assert pipe.postprocess(pipe.preprocess(line)) == line
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("我说:你好,世界!", "我说：你好，世界！"), ("3:30在家", "3:30在家"),
+    ("Hello, world", "Hello, world"), ("他(北京)人?", "他（北京）人？"),
+    ("a,b 中文", "a,b 中文"), ("ok!好", "ok！好"), ("", "")])
+def test_only_punctuation_touching_cjk_becomes_full_width(text, expected):
+    assert restore_wide_punctuation(text) == expected
+
+
+def test_nfc_and_english_targets_are_left_as_they_are():
+    assert TextPipeline("NFC", False, "none", "zh").postprocess("我说:你好") == "我说:你好"
+    en = TextPipeline("NFKC", False, "moses", "en")
+    assert en.postprocess(en.preprocess("Hi, (you)! 3:30?")) == "Hi, (you)! 3:30?"
+
+
+@pytest.mark.parametrize("line", ["我听Björk最新的歌曲。", "他去München了", "他说Привет мир。",
+                                  "Ωmega很好", "Björk-Song好"])
+def test_jieba_keeps_words_with_letters_outside_ascii_whole(line):
+    """Found by review: jieba split them into letters ("Bj ö rk", "П р и в е т"), which came
+    back spaced."""
+    pipe = TextPipeline("NFKC", False, "jieba", "zh")
+    words = [w for w in pipe.preprocess(line).split() if w.isalpha() and not w.isascii()
+             and not any("\u4e00" <= c <= "\u9fff" for c in w)]
+    assert all(len(w) > 1 for w in words), words
+    assert pipe.postprocess(pipe.preprocess(line)) == line

@@ -130,6 +130,8 @@ def evaluate(
     ] = None,
     metrics: Annotated[str, typer.Option(
         help="comma-separated: bleu,chrf,chrf++,ter,rouge")] = "bleu,chrf,ter",
+    lowercase: Annotated[bool, typer.Option(
+        help="ignore case (a model trained with data.lowercase writes lowercase)")] = False,
 ) -> None:
     """Score HYPOTHESES against REFERENCES (sacrebleu BLEU, chrF, TER; ROUGE-1/2/L with
     rouge-score), each score with its signature."""
@@ -144,9 +146,10 @@ def evaluate(
         raise XindaError("--source is read for --by-length only: add --by-length")
     hyps, refs = read_hyps_refs(hypotheses, references)
     sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
-    say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize)))
+    say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize, lowercase)))
     if sources is not None:
-        say(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize)))
+        say(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize,
+                                               lowercase=lowercase)))
 
 
 def _length_sources(source: Path | None, hypotheses: Path, n_hyps: int) -> list[str]:

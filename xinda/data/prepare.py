@@ -124,7 +124,10 @@ def _split_prefixes(cfg: DataConfig) -> dict[str, str]:
 def _spm_error(err: Exception) -> str:
     """sentencepiece's one-line message without its source-location prefix."""
     msg = " ".join(str(err).split())
-    return msg.split("] ", 1)[1] if "] " in msg else msg
+    msg = msg.split("] ", 1)[1] if "] " in msg else msg
+    return msg.replace("Increase vocab_size", "Increase data.vocab_size").replace(
+        "with --character_coverage option", "(data.character_coverage), or set "
+        "data.byte_fallback")
 
 
 def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
@@ -137,7 +140,8 @@ def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(lines), model_writer=model,
             model_type=cfg.subword, vocab_size=cfg.vocab_size, hard_vocab_limit=False,
-            character_coverage=cfg.character_coverage, **SPECIAL_IDS,
+            character_coverage=cfg.character_coverage, byte_fallback=cfg.byte_fallback,
+            **SPECIAL_IDS,
             input_sentence_size=0,  # all the lines given: data.spm_sample sampled them
             # in bytes: sentencepiece skips longer lines (by default over 4192) without a
             # word, and characters only they hold become <unk>

@@ -29,12 +29,15 @@ _CLOSING = ",;:!?.)]}%"
 _OPENING = "([{"
 _CURLY_QUOTES = {"“": "open", "‘": "open", "”": "close", "’": "close"}
 _IN_WORD_QUOTES = "'’"  # apostrophes between letters
-# Words of letters and digits joined by in-word punctuation stay one jieba token, so that
-# detokenising need not guess whether a space was there: "www.google.com", "a_b@c.com",
-# "10:30", "1,000", "3.5", "don't", "R&D", "and/or", "e-mail" (not "ok. then", "1, 2").
+# Words of letters and digits, also joined by in-word punctuation, stay one jieba token, so
+# that detokenising need not guess whether a space was there: "www.google.com", "a_b@c.com",
+# "10:30", "1,000", "3.5", "don't", "R&D", "and/or", "e-mail" (not "ok. then", "1, 2"), and
+# words with letters outside ASCII, "Björk", "Привет" (jieba split them off: "Bj ö rk").
 _LATIN = "0-9A-Za-z_\u00c0-\u024f\u0370-\u04ff"  # ASCII, Latin-1 and Extended, Greek, Cyrillic
+_ACCENTED = "\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0370-\u04ff"  # _LATIN less ASCII, × ÷
 _JIEBA_KEEP = re.compile(f"(?<![{_LATIN}/])(?:https?|ftp)://[!-~]*[A-Za-z0-9/_=#&%~+-]|"
-                         f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’-][{_LATIN}]+)+")  # and URLs
+                         f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’-][{_LATIN}]+)+|"  # and URLs
+                         f"(?<![{_LATIN}])[{_LATIN}]*[{_ACCENTED}][{_LATIN}]*")
 # So a token of these signs between two Latin words or numbers had spaces: "Tom & Jerry", "a - b"
 _OPERATORS = frozenset("&+-=*/|<>~×÷–—")
 # Kept whole by the Moses tokeniser, whose detokeniser could not rejoin them: times, ratios
@@ -249,6 +252,23 @@ def jieba_detokenize(text: str) -> str:
     return out
 
 
+# What NFKC folds to ASCII in Chinese and Japanese text (U+FF0C "，" to ","...), put back by
+# ``restore_wide_punctuation`` where a CJK character touches it
+_NFKC_FOLDED = dict(zip(",:;?!()", "，：；？！（）"))
+
+
+def restore_wide_punctuation(text: str) -> str:
+    """``text`` with ``, : ; ? ! ( )`` next to a CJK character (spaces between them aside)
+    full-width again, as Chinese and Japanese write them (NFKC made them ASCII: references
+    keep "，", so a perfect model's output scored 80 BLEU on classical-modern Chinese); "3:30"
+    and "Hello, world" stay. Pre-tokenised text too ("世界 ! ( 测试 )")."""
+    def put_back(match: re.Match) -> str:
+        before, after = text[:match.start()].rstrip()[-1:], text[match.end():].lstrip()[:1]
+        near = before + after
+        return _NFKC_FOLDED[match[0]] if any(_is_wide(c) for c in near) else match[0]
+    return re.sub("[,:;?!()]", put_back, text)
+
+
 @dataclass(frozen=True)
 class TextPipeline:
     """Normalise + pre-tokenise one language side; ``postprocess`` detokenises output."""
@@ -295,7 +315,13 @@ class TextPipeline:
         return [self.preprocess(line) for line in lines]
 
     def postprocess(self, text: str) -> str:
-        """Decoded (pre-tokenised) model output -> plain text."""
+        """Decoded (pre-tokenised) model output -> plain text (with NFKC, its CJK punctuation
+        full-width again: ``restore_wide_punctuation``)."""
+        if self.normalize == "NFKC":  # before detokenising, which spaces ASCII punctuation
+            text = restore_wide_punctuation(text)
+        return self._detokenize(text)
+
+    def _detokenize(self, text: str) -> str:
         if self.pretok == "moses":
             return moses_detokenize(text, self.lang)
         if self.pretok == "char":

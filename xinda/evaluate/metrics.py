@@ -71,11 +71,11 @@ def resolve_tokenizer(tokenize: str | None, streams: list[list[str]]) -> str | N
     return {"ja": "char", "zh": "zh", None: None}[script]
 
 
-def _make_bleu(tokenize: str | None) -> BLEU:
+def _make_bleu(tokenize: str | None, lowercase: bool = False) -> BLEU:
     if tokenize is None:
-        return BLEU()
+        return BLEU(lowercase=lowercase)
     try:
-        return BLEU(tokenize=tokenize)
+        return BLEU(tokenize=tokenize, lowercase=lowercase)
     except KeyError:
         raise XindaError(
             f"unknown BLEU tokenizer {tokenize!r}; e.g. 13a, intl, zh, char, none"
@@ -85,17 +85,17 @@ def _make_bleu(tokenize: str | None) -> BLEU:
                          f"{type(err).__name__}: {' '.join(str(err).split())}") from None
 
 
-def _make_metric(name: str, tokenize: str | None) -> Metric:
+def _make_metric(name: str, tokenize: str | None, lowercase: bool = False) -> Metric:
     key = name.lower()
     if key == "bleu":
-        return _make_bleu(tokenize)
+        return _make_bleu(tokenize, lowercase)
     if key == "chrf":
-        return CHRF()
+        return CHRF(lowercase=lowercase)
     if key == "chrf++":
-        return CHRF(word_order=2)
+        return CHRF(word_order=2, lowercase=lowercase)
     if key == "ter":  # sacreBLEU's TER splits CJK characters only with its normaliser
         asian = tokenize in ASIAN_TOKENIZERS
-        return TER(normalized=asian, asian_support=asian)
+        return TER(normalized=asian, asian_support=asian, case_sensitive=not lowercase)
     raise XindaError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}")
 
 
@@ -104,6 +104,7 @@ def corpus_scores(
     refs: Refs,
     metrics: Sequence[str] = ("bleu", "chrf", "ter"),
     tokenize: str | None = None,
+    lowercase: bool = False,
 ) -> list[Score]:
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
@@ -113,7 +114,8 @@ def corpus_scores(
     "ja-mecab", "ko-mecab" and "char", and to ROUGE
     ("zh" or "char": characters; None: characters for mostly CJK references; else words,
     the English ones stemmed). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L. An
-    unusable ``tokenize`` is refused whichever metrics are asked for.
+    unusable ``tokenize`` is refused whichever metrics are asked for. ``lowercase``: BLEU,
+    chrF and TER ignore case (for a model trained on lowercased text; ROUGE always does).
     """
     hyps, streams = check_lines(hyps, "hypotheses"), _ref_streams(refs)
     _check_lengths(hyps, streams)
@@ -131,7 +133,7 @@ def corpus_scores(
         if name.lower() == "rouge":
             scores += rouge_scores(hyps, streams, tokenize)
             continue
-        metric = _make_metric(name, tokenize)
+        metric = _make_metric(name, tokenize, lowercase)
         result = metric.corpus_score(hyps, streams)
         signature = metric.get_signature().format()
         scores.append(Score(name=result.name, score=float(result.score), signature=signature))
@@ -275,6 +277,7 @@ def bleu_by_length(
     edges: Sequence[int] = (10, 20, 30, 40),
     tokenize: str | None = None,
     unit: LengthUnit = "auto",
+    lowercase: bool = False,
 ) -> list[dict]:
     """Corpus BLEU per source-length bucket:
     ``[{"bucket": "1-10", "sentences": n, "bleu": x, "unit": "words" or "chars"}]``.
@@ -303,7 +306,7 @@ def bleu_by_length(
         groups.setdefault(-1 if length == 0 else _bucket_index(length, edges), []).append(i)
 
     labels = _bucket_labels(edges)
-    bleu = _make_bleu(resolve_tokenizer(tokenize, streams))
+    bleu = _make_bleu(resolve_tokenizer(tokenize, streams), lowercase)
     rows = []
     for b in sorted(groups):
         idx = groups[b]

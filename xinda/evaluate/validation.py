@@ -42,6 +42,7 @@ def validation_bleu(cfg: ExperimentConfig, data_dir: str | Path | None = None) -
         hyps = Translator(model, cfg, vocabs).translate_text(
             sources, beam=tc.valid_beam, nbest=1, sampling=False, precision="fp32",
             keep_heap=tc.keep_heap, workers=1)
+        hyps = [vocabs.tgt_text.clean(h) for h in hyps]  # normalised as the references are
         return corpus_scores(hyps, refs, metrics=("bleu",), tokenize=tokenize)[0].score
 
     return score
