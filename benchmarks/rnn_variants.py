@@ -34,7 +34,7 @@ def rnn_config(work: Path, preset: str, budget: float, threads: int,
     cfg["model"] = {"preset": preset}
     # RNNs learn fastest per second here with small batches and a high rate: Adam peak LR_PEAK
     # after 400 updates, inverse-sqrt decay, 2048 tokens per batch, clipping at 5 (Luong et al.
-    # 2015). Tuned on rnn-luong-global, 240 s runs (docs/results/rnn-variants.md).
+    # 2015). Tuned on rnn-luong-global, 240 s runs (docs/results/rnn-tuning.md).
     cfg["train"].update(lr=LR_PEAK, warmup_steps=400, schedule="inverse_sqrt", clip_norm=5.0,
                         max_tokens=2048)
     return apply_overrides(cfg, list(overrides))
