@@ -224,7 +224,8 @@ def test_nfkc_gives_back_full_width_chinese_punctuation(pretok):
 @pytest.mark.parametrize("text, expected", [
     ("我说:你好,世界!", "我说：你好，世界！"), ("3:30在家", "3:30在家"),
     ("Hello, world", "Hello, world"), ("他(北京)人?", "他（北京）人？"),
-    ("a,b 中文", "a,b 中文"), ("ok!好", "ok！好"), ("", "")])
+    ("a,b 中文", "a,b 中文"), ("ok!好", "ok！好"), ("", ""), ("你好?!", "你好？！"),
+    (", ! 。", "， ！ 。"), ("안녕, 세계!", "안녕, 세계!")])  # Korean writes ASCII marks
 def test_only_punctuation_touching_cjk_becomes_full_width(text, expected):
     assert restore_wide_punctuation(text) == expected
 

@@ -253,20 +253,31 @@ def jieba_detokenize(text: str) -> str:
 
 
 # What NFKC folds to ASCII in Chinese and Japanese text (U+FF0C "，" to ","...), put back by
-# ``restore_wide_punctuation`` where a CJK character touches it
+# ``restore_wide_punctuation`` where one of their characters touches it (not Korean's: Hangul
+# is written with ASCII punctuation)
 _NFKC_FOLDED = dict(zip(",:;?!()", "，：；？！（）"))
+_HAN_KANA = re.compile("[\u3000-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff"
+                       "\uf900-\ufaff\U00020000-\U0002fa1f]")  # (not the restored ones)
+_FOLDED_RUN = re.compile("[,:;?!()](?:[ ,:;?!()]*[,:;?!()])?")  # marks, maybe spaced
 
 
 def restore_wide_punctuation(text: str) -> str:
-    """``text`` with ``, : ; ? ! ( )`` next to a CJK character (spaces between them aside)
-    full-width again, as Chinese and Japanese write them (NFKC made them ASCII: references
-    keep "，", so a perfect model's output scored 80 BLEU on classical-modern Chinese); "3:30"
-    and "Hello, world" stay. Pre-tokenised text too ("世界 ! ( 测试 )")."""
-    def put_back(match: re.Match) -> str:
-        before, after = text[:match.start()].rstrip()[-1:], text[match.end():].lstrip()[:1]
-        near = before + after
-        return _NFKC_FOLDED[match[0]] if any(_is_wide(c) for c in near) else match[0]
-    return re.sub("[,:;?!()]", put_back, text)
+    """``text`` with ``, : ; ? ! ( )`` next to a Han or kana character (spaces and other such
+    marks between aside) full-width again, as Chinese and Japanese write them (NFKC made them
+    ASCII: references keep "，", so a perfect model's output scored 80 BLEU on
+    classical-modern Chinese); "3:30" and "Hello, world" stay. Pre-tokenised text too
+    ("世界 ! ( 测试 )"); applying it twice changes nothing more."""
+    def put_back(run: re.Match) -> str:
+        before, after = run.start() - 1, run.end()
+        while before >= 0 and text[before] == " ":
+            before -= 1
+        while after < len(text) and text[after] == " ":
+            after += 1
+        near = (text[before] if before >= 0 else "") + text[after:after + 1]
+        if not _HAN_KANA.search(near):
+            return run[0]
+        return "".join(_NFKC_FOLDED.get(c, c) for c in run[0])
+    return _FOLDED_RUN.sub(put_back, text)
 
 
 @dataclass(frozen=True)
@@ -317,9 +328,11 @@ class TextPipeline:
     def postprocess(self, text: str) -> str:
         """Decoded (pre-tokenised) model output -> plain text (with NFKC, its CJK punctuation
         full-width again: ``restore_wide_punctuation``)."""
-        if self.normalize == "NFKC":  # before detokenising, which spaces ASCII punctuation
-            text = restore_wide_punctuation(text)
-        return self._detokenize(text)
+        if self.normalize != "NFKC":
+            return self._detokenize(text)
+        # before detokenising (jieba's spaces ASCII punctuation) and after (char's ␣ marks
+        # stood between the punctuation and its neighbours)
+        return restore_wide_punctuation(self._detokenize(restore_wide_punctuation(text)))
 
     def _detokenize(self, text: str) -> str:
         if self.pretok == "moses":
