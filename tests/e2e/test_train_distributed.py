@@ -261,3 +261,21 @@ def test_an_output_folder_rank_0_cannot_make_is_every_ranks_error(uninterrupted,
     errors = [line for line in proc.stderr.splitlines() if line.startswith("xinda: error: ")]
     assert len(errors) == 2 and all(str(out) in e for e in errors), proc.stderr
     assert f"xinda: error: {out}: Not a directory" in errors  # each rank's line whole
+
+
+def test_a_rank_failing_after_the_last_update_leaves_one_line_per_rank(uninterrupted,
+                                                                        tmp_path):
+    """Found by review: the other ranks wait for rank 0 in the final barrier; when rank 0
+    failed writing train_stats.json, they printed a 40-line gloo traceback."""
+    _, config = uninterrupted
+    out = tmp_path / "run"
+    (out / "train_stats.json").mkdir(parents=True)
+    proc = subprocess.run(torchrun("train", config("A"), "--set", f"train.out_dir={out}",
+                                   "--set", "train.max_steps=2"),
+                          check=False, capture_output=True, text=True, timeout=300,
+                          env=subprocess_env())
+    # (torchrun's own ChildFailedError traceback follows; none from a rank's barrier)
+    assert proc.returncode != 0 and "distributed_c10d" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("xinda: error: ")]
+    assert f"xinda: error: {out / 'train_stats.json'}: is a directory, not a file" in errors
+    assert any(e.startswith("xinda: error: rank 1: lost contact") for e in errors), errors

@@ -45,7 +45,7 @@ def command(func: Callable, on: typer.Typer | None = None) -> Callable:
         except EOFError as err:
             raise XindaError(f"unexpected end of input data ({err or 'EOFError'})") from None
         except KeyboardInterrupt:
-            print("xinda: interrupted", file=sys.stderr)
+            _stderr_line("xinda: interrupted")
             raise typer.Exit(130) from None
     # the docstring's first paragraph on one line: typer's rich help keeps its line breaks
     first, _, rest = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
@@ -302,11 +302,15 @@ app.add_typer(export_app, name="export")  # `xinda export ...`: in xinda/export/
 command(export_ctranslate2_command, on=export_app)
 
 
-def _error_line(message: str) -> None:
-    """``xinda: error: MESSAGE`` and its newline in one write (print writes them apart, and
-    the ranks of a torchrun job, sharing stderr, wrote into each other's lines)."""
-    sys.stderr.write(f"xinda: error: {message}\n")
+def _stderr_line(line: str) -> None:
+    """``line`` and its newline in one write (print writes them apart, and the ranks of a
+    torchrun job, sharing stderr, wrote into each other's lines)."""
+    sys.stderr.write(f"{line}\n")
     sys.stderr.flush()
+
+
+def _error_line(message: str) -> None:
+    _stderr_line(f"xinda: error: {message}")
 
 
 def main() -> None:
@@ -328,7 +332,7 @@ def main() -> None:
         _error_line(message)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("xinda: interrupted", file=sys.stderr)
+        _stderr_line("xinda: interrupted")
         sys.exit(130)
     except OSError as err:  # one a command did not name itself (a full disk, a closed pipe)
         where = f"{err.filename}: " if err.filename else ""

@@ -84,7 +84,9 @@ def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: P
     weights = trained_weights(out)
     if weights and not found:  # a new run would overwrite another run's weights
         raise XindaError(f"{out}: holds trained weights ({', '.join(weights)}) but no "
-                         "checkpoint to continue from; choose another train.out_dir")
+                         "checkpoint to continue from; choose another train.out_dir (or, if "
+                         "they are this run's own, its first checkpoint having failed, delete "
+                         "them to start it over)")
     if found:
         check_same_run(out, cfg, data_dir, manifest)
     check_prepared_as_configured(cfg, data_dir, manifest)

@@ -191,7 +191,7 @@ class Trainer:
             self.net = self.ranks.wrap(self.model, self.find_unused)
             with self.signals.installed():
                 progress = self._train()
-        self.ranks.close()
+            self.ranks.close()  # (its barrier too: a rank that failed at the end is lost contact)
         return progress
 
     def _train(self) -> Progress:
