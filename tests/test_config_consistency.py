@@ -107,7 +107,7 @@ def test_a_model_override_without_a_model_section_changes_the_default_preset(tmp
 @pytest.mark.parametrize("fields, message", [
     ({"arch": "transformer", "encoder_layers": 2, "decoder_layers": 3, "dense": "both",
       "dense_every": 5}, ("dense_every 5 is more than the layers of 2 encoder and 3 decoder: "
-                          "DLCL would never aggregate")),
+                          "DLCL never aggregates")),
     ({"arch": "transformer", "encoder_layers": 6, "decoder_layers": 2, "dense": "decoder",
       "dense_every": 3}, "dense_every 3 is more than the layers of 2 decoder"),
     ({"arch": "rnn", "attention": "none", "attention_style": "gnmt"},
@@ -115,9 +115,21 @@ def test_a_model_override_without_a_model_section_changes_the_default_preset(tmp
     ({"arch": "rnn", "window_d": 3}, "window_d applies only with attention_window local"),
     ({"arch": "rnn", "residual_from": 5}, r"residual_from 5 is above the 2\+2 layers"),
 ])
-def test_model_settings_that_would_do_nothing_are_refused(fields, message):
-    with pytest.raises(XindaError, match=message):
-        resolve(fields)
+def test_model_settings_that_do_nothing_are_warned_about(fields, message, config_file,
+                                                          caplog):
+    """Warned about, not refused: a model saved with them must still load and resume (a
+    review of the first version, which refused them, found saved models that no longer
+    loaded)."""
+    import json
+    import logging
+    import re
+
+    [unused] = list(resolve(fields).unused_settings())
+    assert re.search(message, unused)
+    override = f"model={json.dumps(fields)}"
+    with caplog.at_level(logging.WARNING, logger="xinda"):
+        validated(load_config(config_file, [override]), config_file, [override])
+    assert re.search(message, caplog.text) and "it has no effect" in caplog.text
 
 
 @pytest.mark.parametrize("fields", [
@@ -129,7 +141,7 @@ def test_model_settings_that_would_do_nothing_are_refused(fields, message):
     {"arch": "rnn", "encoder_layers": 4, "decoder_layers": 4, "residual_from": 3},
 ])
 def test_the_same_settings_where_they_act_are_accepted(fields):
-    resolve(fields)
+    assert not list(resolve(fields).unused_settings())
 
 
 def test_noam_min_lr_above_its_peak_is_refused_before_any_work(config_file):
@@ -144,3 +156,15 @@ def test_one_folder_for_the_data_and_the_model_is_refused(config_file):
     with pytest.raises(XindaError, match="with --set train.out_dir=data-bin/: train.out_dir "
                                          "and data.out_dir are both 'data-bin'"):
         validated(load_config(config_file, overrides), config_file, overrides)
+
+
+def test_a_section_s_error_names_only_the_overrides_it_is_about(tmp_path):
+    """Found by review: `--set decode.alpha=0.5` was blamed for decode.beam with sampling."""
+    path = tmp_path / "b.yaml"
+    path.write_text("data: {train: raw/train}\ndecode: {sampling: true, beam: 4}\n")
+    overrides = ["decode.alpha=0.5"]
+    with pytest.raises(XindaError, match=r"^[^ ]*b\.yaml: decode\.beam: beam-search"):
+        validated(load_config(path, overrides), path, overrides)
+    overrides = ["train.lr=1e-4", "train.min_lr=1e-3", "train.seed=3"]
+    with pytest.raises(XindaError, match=r"with --set train\.lr=1e-4 train\.min_lr=1e-3: train:"):
+        load_config(path, overrides)

@@ -331,8 +331,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as err:
-        key = ".".join(str(part) for part in err.errors()[0]["loc"])
-        where = config_source(path, list(overrides), key)
+        first = err.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        about = first["msg"] if first["type"] == "value_error" else ""  # (a section's check)
+        where = config_source(path, list(overrides), key, about)
         raise XindaError(format_validation_error(err, where)) from None
 
 

@@ -3,6 +3,7 @@ one-line XindaError, ``--set a.b=value`` overrides applied to the parsed tree.""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,11 +83,16 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
     return tree
 
 
-def config_source(path: object, overrides: list[str], key: str) -> str:
-    """``path`` (a config file, None: defaults) named with the ``--set`` overrides of ``key``, above it or
-    under it, where an error at ``key`` may come from: "base.yaml with --set train.lr=-1"."""
+def config_source(path: object, overrides: list[str], key: str, message: str = "") -> str:
+    """``path`` (a config file, None: defaults) named with the ``--set`` overrides of ``key``,
+    above it or under it, where an error at ``key`` may come from: "base.yaml with --set
+    train.lr=-1". For an error of a whole section, ``message`` narrows them to the fields it
+    names."""
     def related(item: str) -> bool:
         given = item.split("=", 1)[0].strip()
+        if "." not in key and message and not re.search(
+                rf"\b{re.escape(given.split('.')[-1])}\b", message):
+            return False
         return bool(key) and (f"{given}.".startswith(f"{key}.")
                               or f"{key}.".startswith(f"{given}."))
     given = [item for item in overrides if related(item)]

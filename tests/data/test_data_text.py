@@ -225,7 +225,8 @@ def test_nfkc_gives_back_full_width_chinese_punctuation(pretok):
     ("我说:你好,世界!", "我说：你好，世界！"), ("3:30在家", "3:30在家"),
     ("Hello, world", "Hello, world"), ("他(北京)人?", "他（北京）人？"),
     ("a,b 中文", "a,b 中文"), ("ok!好", "ok！好"), ("", ""), ("你好?!", "你好？！"),
-    (", ! 。", "， ！ 。"), ("안녕, 세계!", "안녕, 세계!")])  # Korean writes ASCII marks
+    (", ! 。", "， ！ 。"), ("안녕, 세계!", "안녕, 세계!"),  # Korean writes ASCII marks
+    ("問題(1)", "問題（1）"), ("价格(USD):100", "价格（USD）:100")])  # a pair takes one form
 def test_only_punctuation_touching_cjk_becomes_full_width(text, expected):
     assert restore_wide_punctuation(text) == expected
 
@@ -246,3 +247,12 @@ def test_jieba_keeps_words_with_letters_outside_ascii_whole(line):
              and not any("\u4e00" <= c <= "\u9fff" for c in w)]
     assert all(len(w) > 1 for w in words), words
     assert pipe.postprocess(pipe.preprocess(line)) == line
+
+
+@pytest.mark.parametrize("lang", ["zh", "ja"])
+def test_moses_output_of_cjk_gets_no_spaces_around_full_width_marks(lang):
+    """Found by review: restored before Moses detokenised, "元気ですか?" came back as
+    "元気ですか ？" and "(たぶん)" as " （ たぶん ） "."""
+    pipe = TextPipeline("NFKC", False, "moses", lang)
+    for line in ["元気ですか？", "我喜欢Python，它很好。", "彼は（たぶん）来る"]:
+        assert pipe.postprocess(pipe.preprocess(line)) == line

@@ -420,3 +420,15 @@ def test_patience_without_validation_does_not_keep_a_run_stopped(prepared, tmp_p
     again = run(prepared, tmp_path, resume=True, max_steps=3 * per_epoch, patience=1,
                 run_validation="false")
     assert again.step == 3 * per_epoch
+
+
+def test_a_limit_on_a_save_every_step_keeps_it_on_the_grid(prepared, tmp_path, per_epoch):
+    """Found by review: a run stopped by max_steps on a save_every step, validated there, was
+    saved again marked as a stop, and a resumed run then dropped it from keep_last."""
+    assert per_epoch > 4  # so that update 4 is inside the first epoch
+    settings = {"save_every": 2, "keep_last": 10, "run_validation": "true"}
+    run(prepared, tmp_path / "a", max_steps=per_epoch + 3, **settings)
+    run(prepared, tmp_path / "b", max_steps=4, **settings)
+    run(prepared, tmp_path / "b", resume=True, max_steps=per_epoch + 3, **settings)
+    assert [c.name for c in list_checkpoints(tmp_path / "b")] == [
+        c.name for c in list_checkpoints(tmp_path / "a")]

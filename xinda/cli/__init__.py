@@ -66,7 +66,8 @@ def validated(cfg: ExperimentConfig, source: Path | str, overrides: list[str] = 
 
     checked_model(cfg, source, overrides)
     for problem in cfg.decode.unused_settings():  # (not Trainer's: it may train such a model)
-        raise XindaError(f"{config_source(source, list(overrides), 'decode')}: {problem}")
+        raise XindaError(f"{config_source(source, list(overrides), 'decode', problem)}: "
+                         f"{problem}")
     return cfg
 
 

@@ -259,6 +259,8 @@ _NFKC_FOLDED = dict(zip(",:;?!()", "，：；？！（）"))
 _HAN_KANA = re.compile("[\u3000-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff"
                        "\uf900-\ufaff\U00020000-\U0002fa1f]")  # (not the restored ones)
 _FOLDED_RUN = re.compile("[,:;?!()](?:[ ,:;?!()]*[,:;?!()])?")  # marks, maybe spaced
+_SPACED_WIDE = re.compile(" ?([，：；？！（）]) ?")
+_HALF_PAIRED = re.compile("（([^()（）]*)\\)|\\(([^()（）]*)）")
 
 
 def restore_wide_punctuation(text: str) -> str:
@@ -277,7 +279,9 @@ def restore_wide_punctuation(text: str) -> str:
         if not _HAN_KANA.search(near):
             return run[0]
         return "".join(_NFKC_FOLDED.get(c, c) for c in run[0])
-    return _FOLDED_RUN.sub(put_back, text)
+    text = _FOLDED_RUN.sub(put_back, text)
+    # a bracket pair takes one form: 問題（1) -> 問題（1）
+    return _HALF_PAIRED.sub(lambda m: f"（{m[1] or m[2]}）", text)
 
 
 @dataclass(frozen=True)
@@ -330,9 +334,11 @@ class TextPipeline:
         full-width again: ``restore_wide_punctuation``)."""
         if self.normalize != "NFKC":
             return self._detokenize(text)
-        # before detokenising (jieba's spaces ASCII punctuation) and after (char's ␣ marks
-        # stood between the punctuation and its neighbours)
-        return restore_wide_punctuation(self._detokenize(restore_wide_punctuation(text)))
+        if self.pretok == "jieba":  # before detokenising too: jieba's spaces ASCII punctuation
+            text = restore_wide_punctuation(text)
+        text = restore_wide_punctuation(self._detokenize(text))  # (char's ␣ hid neighbours)
+        # Moses spaces the marks as words (it knows ASCII ones only); CJK writes none there
+        return _SPACED_WIDE.sub(r"\1", text) if self.pretok == "moses" else text
 
     def _detokenize(self, text: str) -> str:
         if self.pretok == "moses":

@@ -240,7 +240,8 @@ class Translator:
         """The model with int8 linear layers (``decode.precision: int8``; CPU only)."""
         if self.device.type != "cpu":
             raise XindaError(f"decode.precision int8 runs on CPU, not {self.device.type}")
-        # made again when the weights changed in place (load_weights): their version counters
+        # made again when the weights changed in place (load_weights, an optimizer step):
+        # their version counters (writes through ``.data`` do not count them)
         made_from = tuple((id(p), p._version, p.dtype) for p in self.model.parameters())
         if self._int8 is None or self._int8_made_from != made_from:
             self._int8, self._int8_made_from = quantize_int8(self.model), made_from

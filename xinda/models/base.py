@@ -34,6 +34,11 @@ class ModelConfig(Strict):
         """Whether the model attends to the source (and can return those weights)."""
         return True
 
+    def unused_settings(self):
+        """Settings given that this model does not use: warned about when a run is set up
+        (not refused: models saved with them must still load and resume)."""
+        yield from ()
+
 
 @dataclass
 class EncoderOut:

@@ -44,12 +44,14 @@ def checked_model(cfg: ExperimentConfig, source: Path | str = "config",
                   overrides: list[str] = ()) -> BaseModel:
     """The model config of ``cfg`` once its model section (a dict that ``load_config`` does
     not check) is valid and the sections agree; errors name ``source`` (and ``overrides``)."""
-    def where(key: str) -> str:
-        return config_source(source, list(overrides), key)
+    def where(key: str, problem: str = "") -> str:
+        return config_source(source, list(overrides), key, problem)
 
     model = resolve(cfg.model, where("model"))
+    for unused in model.unused_settings():  # (refusing them would strand saved models)
+        log.warning("%s: model: %s: it has no effect", where("model"), unused)
     if problem := noam_min_lr_problem(cfg.train, model.model_dim):
-        raise XindaError(f"{where('train')}: {problem}")
+        raise XindaError(f"{where('train', problem)}: {problem}")
     if Path(cfg.train.out_dir).resolve() == Path(cfg.data.out_dir).resolve():
         raise XindaError(f"{where('train.out_dir')}: train.out_dir and data.out_dir are both "
                          f"{cfg.data.out_dir!r}: a new prepare would replace the vocabulary "

@@ -220,7 +220,7 @@ class Trainer:
         if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
             self.ranks.main_only(self.validate_and_keep_best)  # stopped inside an epoch
             p.validated_step = p.step  # (all ranks, and their checkpoint records the new best)
-            self.save(stop=True)
+            self.save(stop=self.saved_step != p.step)  # (a save_every step stays on the grid)
         self.save_unless_saved(stop=True)
         if self.ranks.is_main:
             write_stats(self.out, p, precision=self.precision, device=str(self.device),

@@ -65,19 +65,21 @@ class RNNConfig(ModelConfig):
             raise ValueError(problem)
         return self
 
-    def _problems(self):
-        attn = self.attention != "none"
-        if self.bidirectional_bottom_only and not self.bidirectional:
-            yield "bidirectional_bottom_only needs bidirectional: true"
+    def unused_settings(self):
         changed = {k for k in ("attention_style", "window_d")
                    if getattr(self, k) != type(self).model_fields[k].default}
-        if not attn and "attention_style" in changed:
+        if self.attention == "none" and "attention_style" in changed:
             yield f"attention_style {self.attention_style} needs attention (attention is 'none')"
         if self.attention_window == "global" and "window_d" in changed:
             yield "window_d applies only with attention_window local-m or local-p"
         if self.residual_from > max(self.encoder_layers, self.decoder_layers):
             yield (f"residual_from {self.residual_from} is above the {self.encoder_layers}+"
-                   f"{self.decoder_layers} layers: no layer would add its input (0 = none)")
+                   f"{self.decoder_layers} layers: no layer adds its input (0 = none)")
+
+    def _problems(self):
+        attn = self.attention != "none"
+        if self.bidirectional_bottom_only and not self.bidirectional:
+            yield "bidirectional_bottom_only needs bidirectional: true"
         if not attn and self.input_feeding:
             yield "input_feeding needs attention (attention is 'none')"
         if not attn and self.attention_window != "global":

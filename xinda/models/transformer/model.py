@@ -98,12 +98,6 @@ class TransformerConfig(ModelConfig):
                 raise ValueError(f"{', '.join(unused)} applies only with {option} on "
                                  f"({option} is {getattr(self, option)!r}): set {option} too, "
                                  "or leave these out")
-        layers = {s: getattr(self, f"{s}_layers") for s in ("encoder", "decoder")
-                  if self.uses("dense", s)}  # p > layers never aggregates (connections.py)
-        if layers and self.dense_every > max(layers.values()):
-            raise ValueError(f"dense_every {self.dense_every} is more than the layers of "
-                             f"{' and '.join(f'{n} {s}' for s, n in layers.items())}: DLCL "
-                             "would never aggregate (a plain Transformer)")
         if self.dense != "none" and self.fusion != "none":
             raise ValueError("dense (DLCL) and fusion both rewire the layer inputs: pick one")
         if self.fusion != "none" and self.fusion_side == "none":
@@ -123,6 +117,14 @@ class TransformerConfig(ModelConfig):
                              "sub-layers: a skipped sub-layer without one is not its expected "
                              "value (set residual: true or layer_dropout: 0)")
         return self
+
+    def unused_settings(self):
+        layers = {s: getattr(self, f"{s}_layers") for s in ("encoder", "decoder")
+                  if self.uses("dense", s)}  # p > layers never aggregates (connections.py)
+        if layers and self.dense_every > max(layers.values()):
+            yield (f"dense_every {self.dense_every} is more than the layers of "
+                   f"{' and '.join(f'{n} {s}' for s, n in layers.items())}: DLCL never "
+                   "aggregates (a plain Transformer)")
 
 
 def sublayer_connection(cfg: TransformerConfig, side: str, index: int,
