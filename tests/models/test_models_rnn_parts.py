@@ -14,6 +14,7 @@ from xinda.models.rnn.attention import (
     dot_score,
     gaussian,
     general_score,
+    key_strength,
     local_window,
     location_score,
     masked_softmax,
@@ -186,6 +187,38 @@ def test_cosine_score_by_hand():
     r5 = math.sqrt(5)
     expected = t([[1 / r5, 2 / r5, 3 / (r5 * math.sqrt(2))]])
     torch.testing.assert_close(cosine_score(S_Q, S_M), expected)
+
+
+def test_key_strength_by_hand():
+    weight, bias = t([0.5, -1.0]), torch.tensor([0.25])  # w . s_t + b = 0.5 - 2 + 0.25 = -1.25
+    expected = math.log(1 + math.exp(-1.25))  # softplus
+    torch.testing.assert_close(key_strength(S_Q, weight, bias), t([[expected]]))
+
+
+def test_cosine_attention_can_focus_where_the_bare_cosine_cannot():
+    """Bare cosine scores in [-1, 1] cap one position's weight at e^2 / (e^2 + S - 1) (0.28 for
+    S = 20); the key strength (about 10 at the start) lets attention pick one position."""
+    attn = SourceAttention("cosine", 8, 8, "global", 10, max_positions=32)
+    memory = -torch.eye(8)[:1].repeat(20, 1)[None]  # (1, 20, 8), all opposite the query...
+    memory[0, 7] = torch.eye(8)[0]  # ... but position 7
+    query = torch.eye(8)[:1][None]  # (1, 1, 8)
+    _, weights = attn(query, memory, torch.zeros(1, 20, dtype=torch.bool), torch.arange(1))
+    beta = key_strength(query, attn.strength.weight, attn.strength.bias).item()
+    assert 9 < beta < 11
+    bare = math.exp(2) / (math.exp(2) + 19)
+    torch.testing.assert_close(weights[0, 0, 7].item(), 1 / (1 + 19 * math.exp(-2 * beta)))
+    assert weights[0, 0, 7] > 0.99 > bare
+
+
+def test_cosine_attention_saved_without_a_key_strength_loads_with_strength_one():
+    torch.manual_seed(5)
+    attn = SourceAttention("cosine", 4, 4, "global", 10, max_positions=16)
+    old = {k: v for k, v in attn.state_dict().items() if not k.startswith("strength.")}
+    assert not old  # the bare cosine had no parameters
+    attn.load_state_dict(old)
+    memory, query = torch.randn(1, 5, 4), torch.randn(1, 3, 4)
+    _, weights = attn(query, memory, torch.zeros(1, 5, dtype=torch.bool), torch.arange(3))
+    torch.testing.assert_close(weights, torch.softmax(cosine_score(query, memory), -1))
 
 
 def test_location_score_by_hand_truncated_to_source_length():

@@ -7,6 +7,8 @@ Formulas follow Luong et al. 2015 (section 3) and Bahdanau et al. 2015 (eq. 5-6)
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -38,6 +40,24 @@ def cosine_score(query: Tensor, memory: Tensor, eps: float = 1e-8) -> Tensor:
     q = query / query.norm(dim=-1, keepdim=True).clamp(min=eps)  # (B, T, H)
     m = memory / memory.norm(dim=-1, keepdim=True).clamp(min=eps)  # (B, S, H)
     return q @ m.transpose(1, 2)  # (B, T, S)
+
+
+INITIAL_STRENGTH = 10.0  # at 1 (no strength) a copy task did not learn; see key_strength
+
+
+def inverse_softplus(y: float) -> float:
+    """x with softplus(x) = log(1 + e^x) = y."""
+    return math.log(math.expm1(y))
+
+
+def key_strength(query: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Key strength (Graves et al. 2014, eq. 5): beta_t = softplus(w . s_t + b) > 0 sharpens the
+    cosine scores, which alone lie in [-1, 1] and cap any one position's weight at
+    e^2 / (e^2 + S - 1). b starts at INITIAL_STRENGTH (Liu et al. 2022, Swin Transformer V2,
+    initialise their learned cosine-attention scale at 10). On a copy task (hidden 32, 400
+    updates) greedy exact match was 0-12 % with beta = 1 or starting near 1 or 3, 88 % near 10
+    (dot: 55-67 %). query (B, T, Hq), weight (1, Hq), bias (1,) -> (B, T, 1)."""
+    return nn.functional.softplus(query @ weight.T + bias)
 
 
 def location_score(query: Tensor, weight: Tensor, bias: Tensor, length: int) -> Tensor:
@@ -104,6 +124,9 @@ class SourceAttention(nn.Module):
             self.w_query = nn.Linear(query_dim, query_dim, bias=False)
             self.w_memory = nn.Linear(memory_dim, query_dim, bias=False)
             self.v = nn.Parameter(torch.empty(query_dim))
+        elif score == "cosine":
+            self.strength = nn.Linear(query_dim, 1)
+            self._register_load_state_dict_pre_hook(unit_strength_if_missing, with_module=True)
         elif score == "location":
             self.w_loc = nn.Linear(query_dim, max_positions)
         if window == "local-p":
@@ -116,6 +139,8 @@ class SourceAttention(nn.Module):
                 nn.init.xavier_uniform_(param)
             else:  # vectors v, v_p: as one row of a (1, A) matrix
                 nn.init.xavier_uniform_(param.data.view(1, -1))
+        if score == "cosine":  # beta starts near 10, the cosine attention scale of Swin V2
+            nn.init.constant_(self.strength.bias, inverse_softplus(INITIAL_STRENGTH))
 
     def precompute(self, memory: Tensor) -> Tensor | None:
         """Per-sentence part of the score that does not depend on the query (concat: W_m h)."""
@@ -130,7 +155,8 @@ class SourceAttention(nn.Module):
             return concat_score(query, memory, self.w_query.weight, self.w_memory.weight,
                                 self.v, keys)
         if self.score == "cosine":
-            return cosine_score(query, memory)
+            beta = key_strength(query, self.strength.weight, self.strength.bias)
+            return beta * cosine_score(query, memory)
         return location_score(query, self.w_loc.weight, self.w_loc.bias, memory.size(1))
 
     def forward(self, query: Tensor, memory: Tensor, src_pad: Tensor, steps: Tensor,
@@ -151,3 +177,14 @@ class SourceAttention(nn.Module):
         if self.window == "local-p":
             weights = weights * gaussian(position, width, self.d)
         return weights @ memory, weights  # (B, T, M), (B, T, S)
+
+
+
+def unit_strength_if_missing(module: SourceAttention, state_dict: dict, prefix: str,
+                             *_args) -> None:
+    """Models saved before the cosine score had a key strength load with beta = 1, the scores
+    they were trained with: weight 0 and bias softplus^-1(1) = log(e - 1)."""
+    if prefix + "strength.weight" not in state_dict:
+        state_dict[prefix + "strength.weight"] = torch.zeros_like(module.strength.weight)
+        state_dict[prefix + "strength.bias"] = torch.full_like(module.strength.bias,
+                                                               inverse_softplus(1.0))
