@@ -89,6 +89,7 @@ def test_a_coverage_penalty_for_a_model_without_attention_is_refused_before_trai
     ("train.dist_timeout", 1e15, "less than or equal to"),  # before: a timedelta traceback
     # before: a sentencepiece traceback once the corpus was read (found by review)
     ("data.vocab_size", 2**31, "less than 2147483648"),
+    ("decode.alpha", 10.5, "less than or equal to 10"),  # before: OverflowError on long outputs
 ])
 def test_training_settings_that_would_fail_later_are_refused_at_once(key, value, message):
     assert f"{key}: Input should be {message}" in error(load_config, None, [f"{key}={value}"])

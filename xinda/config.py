@@ -229,7 +229,8 @@ class DecodeConfig(Strict):
     BEAM_ONLY: ClassVar[tuple[str, ...]] = ("beam", "nbest", "coverage", "stop")  # sampling: unused
 
     beam: int = Field(5, ge=1, le=MAX_ROWS)
-    alpha: float = Field(1.0, ge=0)  # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none
+    # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none; above 10 it overflows on long outputs
+    alpha: float = Field(1.0, ge=0, le=10)
     coverage: float = Field(0.0, ge=0)  # GNMT coverage penalty weight beta; 0 = none
     max_len_a: float = Field(1.5, ge=0)  # max output tokens = a * src_len + b, both with EOS
     max_len_b: int = Field(10, ge=-MAX_LENGTH, le=MAX_LENGTH)

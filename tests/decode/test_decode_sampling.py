@@ -146,6 +146,17 @@ def test_tiny_temperatures_pick_the_best_allowed_token(temperature):
     assert sampler(cfg, cfg.generator())(logp).tolist() == [1, 1, 0]
 
 
+@pytest.mark.parametrize("temperature", [1e30, 3.5e38, 1e39, 1e300])
+def test_huge_temperatures_draw_uniformly_from_the_allowed_tokens(temperature):
+    """However hot (past float32's maximum, where -inf / temperature was NaN and
+    torch.multinomial raised), banned tokens are never drawn and the others tie."""
+    inf = float("inf")
+    logp = torch.tensor([[-inf, -1.0, -9.0, -30.0]] * 4000)
+    cfg = SamplingConfig(temperature=temperature)
+    counts = torch.bincount(sampler(cfg, cfg.generator())(logp), minlength=4)
+    assert counts[0] == 0 and counts[1:].min() > 1200  # 1333 each expected
+
+
 @pytest.mark.parametrize(("fields", "message"), [
     ({"temperature": 0.0}, "temperature must be > 0"), ({"top_k": -1}, "top-k must be >= 0"),
     ({"temperature": float("inf")}, "temperature must be > 0 and finite"),  # before: NaN

@@ -90,9 +90,10 @@ def top_p_filter(scores: Tensor, p: float) -> Tensor:
 
 def cooled(logp: Tensor, temperature: float) -> Tensor:
     """logp (R, V), each row with a finite entry, over ``temperature``, shifted so that each
-    row's maximum is 0: however cold, the best token keeps a finite score."""
+    row's maximum is 0: however cold, the best token keeps a finite score; however hot (past
+    logp's dtype), banned tokens stay at -inf and the others tie (-inf / inf is NaN)."""
     shifted = logp - logp.max(dim=-1, keepdim=True).values
-    return shifted / temperature
+    return torch.where(shifted.isfinite(), shifted / temperature, NEG_INF)
 
 
 def sampler(cfg: SamplingConfig, generator: torch.Generator) -> Choose:

@@ -3,7 +3,7 @@
 Beam search keeps ``beam`` live hypotheses per sentence, ranks 2*beam candidates per step,
 finalises those ending in EOS among the top ``beam`` ranks, and drops a sentence from the
 batch once it has ``beam`` finished hypotheses (or hits its maximum length, where EOS is forced).
-Finished hypotheses are ranked by the GNMT length-normalised score log P(y|x) / lp(y).
+Finished hypotheses are ranked by the GNMT score log P(y|x) / lp(y) + cp(x; y).
 
 Every search takes ``constraints`` (``xinda.decode.constraints``): each step's
 log-probabilities pass through them, no hypothesis is extended by a disallowed (-inf) token,
@@ -30,7 +30,7 @@ from xinda.models.base import Seq2SeqModel
 @dataclass
 class Hypothesis:
     tokens: list[int]  # target ids without BOS and EOS
-    score: float  # log-probability / length penalty (what the ranking uses)
+    score: float  # log-probability / length penalty + coverage penalty (ranks the n-best)
     logprob: float  # sum of token log-probabilities, EOS included
     attention: Tensor | None = field(default=None, repr=False)  # (len + 1, S) incl. EOS row
 
@@ -43,7 +43,8 @@ def length_penalty(length: int | Tensor, alpha: float):
 def coverage_penalty(attention: Tensor, src_keep: Tensor, beta: float) -> float:
     """GNMT coverage penalty (Wu et al. 2016, eq. 14):
     cp = beta * sum_i log(min(sum_j a_ij, 1)), i over (non-pad) source positions, j over
-    target steps. attention (T, S), src_keep (S,) bool."""
+    target steps, with each sum floored at 1e-6: a position never attended (outside every
+    local window, say) costs beta * log(1e-6), not -inf. attention (T, S), src_keep (S,) bool."""
     coverage = attention.sum(0)[src_keep].clamp(min=1e-6, max=1.0)  # (S_real,)
     return beta * float(coverage.log().sum())
 

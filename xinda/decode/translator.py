@@ -59,7 +59,7 @@ UNSATISFIABLE = "the search found no output that satisfies the constraints"
 @dataclass
 class Translation:
     text: str  # detokenised output (or pieces, with output_format="pieces")
-    score: float  # length-normalised log-probability
+    score: float  # log-probability / length penalty + coverage penalty (ranks the n-best)
     source_pieces: list[str]
     target_pieces: list[str]
     attention: torch.Tensor | None = None  # (len(target)+1, len(source)+1) incl. EOS
