@@ -1,10 +1,10 @@
 """Settings shared by the property-based (hypothesis) fuzz tests.
 
 The default profile ``xinda-fuzz`` is derandomised (the same examples on every run, so CI is
-reproducible), keeps no example database, and bounds each test to at most 100 examples with a
-per-example deadline that catches runaway slowness (an example takes milliseconds; the
-deadline leaves room for a loaded shared machine). A hang never ends an example, so each test
-also runs under an alarm of ``HANG_SECONDS``. For local bug hunting,
+reproducible), keeps no example database, and bounds each test to at most 100 examples. It sets
+no per-example deadline: a time limit is a wall-clock assertion, and on a loaded shared machine
+it fails tests that are right. A hang is still a failure: each test runs under an alarm of
+``HANG_SECONDS``. For local bug hunting,
 ``XINDA_FUZZ_PROFILE=xinda-fuzz-deep python -m pytest tests/fuzz`` searches much longer with
 fresh random examples (a few minutes).
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -24,11 +23,11 @@ from hypothesis import HealthCheck, settings
 from xinda.errors import XindaError
 
 settings.register_profile(
-    "xinda-fuzz", max_examples=100, deadline=timedelta(seconds=1), derandomize=True,
+    "xinda-fuzz", max_examples=100, deadline=None, derandomize=True,
     database=None, print_blob=False, suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("xinda-fuzz-deep", parent=settings.get_profile("xinda-fuzz"),
-                          max_examples=3000, derandomize=False, deadline=timedelta(seconds=5))
+                          max_examples=3000, derandomize=False)
 settings.load_profile(os.environ.get("XINDA_FUZZ_PROFILE", "xinda-fuzz"))
 HANG_SECONDS = 120 if settings().max_examples <= 100 else 1200
 

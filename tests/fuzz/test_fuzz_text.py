@@ -37,8 +37,8 @@ LANGS = ["en", "de", "zh", "fr", "xx"]
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm_tokenizers():
-    """Load jieba's dictionary and the Moses tables of every language once, outside any
-    example's deadline."""
+    """Load jieba's dictionary and the Moses tables of every language once, before the first
+    example (they take seconds)."""
     for pretok in ("jieba", "moses"):
         for lang in LANGS:
             pipe = TextPipeline("NFKC", False, pretok, lang)

@@ -9,10 +9,8 @@ string) makes it raise.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from xinda.config import ExperimentConfig
@@ -54,7 +52,6 @@ def translator(tmp_path_factory) -> Translator:
     return translator
 
 
-@settings(deadline=timedelta(seconds=5))  # an example: ~10-100 ms
 @given(lines=st.lists(LINE, max_size=7), beam=st.sampled_from([1, 2]))
 def test_n_lines_in_n_lines_out(translator, lines, beam):
     out = translator.translate_text(lines, beam=beam)
@@ -69,7 +66,6 @@ def test_nothing_in_nothing_out(translator):
     assert translator.translate_text(["", " ", "\t\n"]) == ["", "", ""]
 
 
-@settings(deadline=timedelta(seconds=5))
 @given(lines=st.lists(LINE, min_size=1, max_size=5))
 def test_a_cut_source_is_reported_with_its_length(translator, lines):
     """truncated_from is the source's token count exactly when it exceeds max_input_len (12),
