@@ -110,3 +110,29 @@ def test_members_prepared_with_other_text_settings_are_refused(tmp_path):
     with pytest.raises(XindaError, match=r"^--ensemble b: its source text settings .*'lowercase'"
                                          r": False.* differ from a's"):
         check_same_vocabularies(dirs, [member(moses), member(other)])
+
+
+def test_the_position_limit_is_the_smallest_members(make_model):
+    """A member cannot read past its own max_positions: the ensemble takes the minimum,
+    whichever member comes first, and the first member's other settings."""
+    short = make_model(TRANSFORMER, max_positions=24)
+    long = make_model(TRANSFORMER, seed=1, max_positions=64)
+    for members in ([short, long], [long, short], [long, short, long]):
+        ensemble = Ensemble(members)
+        assert ensemble.cfg.max_positions == 24
+        assert ensemble.cfg.model_copy(update={"max_positions": members[0].cfg.max_positions}) \
+            == members[0].cfg
+    assert [m.cfg.max_positions for m in (short, long)] == [24, 64]  # members left as they were
+
+
+def test_the_attention_is_the_mean_of_the_members(make_model, make_src, make_prev):
+    """The ensemble's source attention (B, T, S) is the plain mean of the members' weights."""
+    members = [make_model(TRANSFORMER, seed=1), make_model(RNN, seed=2),
+               make_model(TRANSFORMER, seed=3)]
+    src, prev = make_src([5, 4]), make_prev(2, 4)
+    with torch.no_grad():
+        _, attn = Ensemble(members).decode(prev, Ensemble(members).encode(src), None, True)
+        own = [m.decode(prev, m.encode(src), None, True)[1] for m in members]
+    assert not torch.allclose(own[0], own[1], atol=1e-3)  # the members disagree
+    torch.testing.assert_close(attn, (own[0] + own[1] + own[2]) / 3)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4))  # still a distribution

@@ -46,6 +46,18 @@ def test_chrf_and_ter_present() -> None:
     assert scores[2].score == sacrebleu.corpus_ter(HYPS, [REFS]).score
 
 
+def test_chrf_plus_plus_is_chrf_with_word_order_2() -> None:
+    """chrF++ is sacreBLEU's CHRF(word_order=2): inflected words that share most character
+    n-grams but few whole words score well below chrF (character n-grams only)."""
+    hyps, refs = ["the cats were sitting quietly"], ["the cat was sitting quiet"]
+    chrf, chrfpp = corpus_scores(hyps, refs, ("chrf", "chrf++"))
+    expected = sacrebleu.metrics.CHRF(word_order=2).corpus_score(hyps, [refs])
+    assert (chrfpp.name, chrfpp.score) == ("chrF2++", expected.score)
+    assert chrf.score == sacrebleu.metrics.CHRF().corpus_score(hyps, [refs]).score
+    assert chrfpp.score < chrf.score - 5
+    assert "nw:2" in chrfpp.signature and "nw:0" in chrf.signature
+
+
 def test_length_mismatch_is_one_line_error() -> None:
     with pytest.raises(XindaError) as err:
         corpus_scores(HYPS[:2], REFS)

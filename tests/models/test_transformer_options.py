@@ -149,3 +149,25 @@ def test_vaswani_presets_drop_out_only_sub_layer_outputs_and_embeddings(preset):
 
     cfg = resolve({"preset": preset})
     assert (cfg.attention_dropout, cfg.activation_dropout) == (0.0, 0.0) and cfg.dropout > 0
+
+
+# --- residual: false only where the sub-layer fusion runs ------------------------------------
+
+@pytest.mark.parametrize("side", ["decoder", "encoder"])
+def test_residual_false_keeps_the_residuals_of_the_stack_without_fusion(side, tiny_transformer,
+                                                                        tiny_batch, copy_into):
+    """With fusion_side one stack, residual: false drops the residuals there only: the other
+    stack computes exactly what the same weights with residuals compute, the fused one not."""
+    fields = {"fusion": "sublayer", "fusion_side": side}
+    bare, kept = tiny_transformer(residual=False, **fields), tiny_transformer(**fields)
+    assert not copy_into(kept, bare)  # the very same weights
+    src, prev = tiny_batch()
+    with torch.no_grad():
+        enc_bare, enc_kept = bare.encode(src), kept.encode(src)
+        # both decoders read the same memory, so only their own residuals can differ
+        dec_bare, dec_kept = bare.decode(prev, enc_kept)[0], kept.decode(prev, enc_kept)[0]
+    same, other = (enc_bare.memory, enc_kept.memory), (dec_bare, dec_kept)
+    if side == "encoder":
+        same, other = other, same
+    torch.testing.assert_close(*same, atol=0, rtol=0)
+    assert not torch.allclose(*other, atol=1e-3)
