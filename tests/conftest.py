@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from xinda.data.vocab import VocabInfo
+from xinda.device import ONEDNN_CACHE_VARIABLES
 from xinda.models.registry import build_model
 
 # pad 0, bos 2, eos 3 (sentencepiece's ids), 30 tokens: ids 4..29 are real words
@@ -21,6 +22,16 @@ VOCAB_FIELDS = {"src_size": 30, "tgt_size": 30, "pad": 0, "bos": 2, "eos": 3, "j
 def _single_thread():
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _onednn_variables_restored(monkeypatch):
+    """Each test starts without the oneDNN cache variables and leaves none behind: Trainer()
+    sets them when unset (os.environ.setdefault), and every later subprocess would inherit
+    them. setenv then delenv makes monkeypatch record them (set or absent) and restore them."""
+    for name in ONEDNN_CACHE_VARIABLES:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture

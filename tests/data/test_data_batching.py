@@ -81,6 +81,28 @@ def test_different_epochs_and_seeds_give_different_orders(lengths):
         assert not np.array_equal(base, other)
 
 
+def _order_correlation(values) -> float:
+    """Spearman's rank correlation of ``values`` with their position (ties ranked in order):
+    1 for an ascending list, about 0 for a random order."""
+    ranks = np.argsort(np.argsort(values, kind="stable"))
+    return float(np.corrcoef(np.arange(len(values)), ranks)[0, 1])
+
+
+@pytest.mark.parametrize(("seed", "epoch"), [(1, 1), (7, 2), (3, 9)])
+def test_shuffled_batches_come_in_no_length_order(lengths, seed, epoch):
+    """The batches of an epoch are shuffled: their order is unrelated to their sentences'
+    lengths (rank correlation near 0), where the unshuffled order is the length order (near
+    1). Guards the shuffle of the batch list, not the random tie-break within a length."""
+    src, tgt = lengths
+    batches = make_batches(src, tgt, 200, seed=seed, epoch=epoch)
+    assert len(batches) > 30
+    longest = [int(_size(src, tgt, b).max()) for b in batches]
+    assert abs(_order_correlation(longest)) < 0.4
+    ordered = make_batches(src, tgt, 200, seed=seed, epoch=epoch, shuffle=False)
+    sizes = [int(_size(src, tgt, b).max()) for b in ordered]
+    assert _order_correlation(sizes) > 0.95
+
+
 def test_empty_corpus_gives_no_batches():
     assert make_batches(np.array([], dtype=int), np.array([], dtype=int), 100, 1, 1) == []
 

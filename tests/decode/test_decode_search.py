@@ -6,11 +6,13 @@ An untrained model rarely ends a sentence on its own, so most tests add a bias t
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from xinda.config import DecodeConfig
+from xinda.data.vocab import VocabInfo
 from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import (
     SearchStopped,
@@ -407,3 +409,78 @@ def test_a_stop_check_ends_the_search_before_the_next_step(search, tiny_model, m
         run()
     assert len(checks) == 5  # four decoder steps ran, the fifth did not
     assert run()  # outside the block the search runs again, to the end
+
+
+# --- stop "best" on a scripted model ---------------------------------------------------------
+
+class ScriptedModel:
+    """A decoder whose next-token distribution is fixed per output prefix: ``script`` maps a
+    prefix (token ids after BOS) to {token: probability}, the rest of the mass spread evenly
+    over the other tokens but PAD and BOS (which get none); an unscripted prefix continues
+    with token 6 (p 0.9, EOS 0.02). ``steps`` counts decoder calls."""
+
+    V = 8  # pad 0, unk 1, bos 2, eos 3, real tokens 4..7
+
+    def __init__(self, script: dict[tuple[int, ...], dict[int, float]]):
+        self.vocab = VocabInfo(src_size=self.V, tgt_size=self.V, pad=0, bos=2, eos=3,
+                               joint=True)
+        self.cfg = SimpleNamespace(max_positions=1024)
+        self.has_attention = False
+        self.script, self.steps = script, 0
+
+    def encode(self, src):
+        return EncoderOut(torch.zeros(*src.shape, 1), src.eq(self.vocab.pad))
+
+    def decode(self, prev, enc, state, need_weights=False):
+        self.steps += 1
+        state["prefix"] = torch.cat([state["prefix"], prev], 1) if state else prev
+        rows = []
+        for prefix in state["prefix"][:, 1:].tolist():
+            given = self.script.get(tuple(prefix), {6: 0.9})
+            others = [t for t in (1, 3, 4, 5, 6, 7) if t not in given]
+            probs = torch.full((self.V,), (1.0 - sum(given.values())) / len(others))
+            probs[[0, 2]] = 0.0
+            for token, p in given.items():
+                probs[token] = p
+            rows.append(probs.log())
+        return torch.stack(rows)[:, None], None
+
+    def reorder_state(self, state, order):
+        state["prefix"] = state["prefix"].index_select(0, order)
+
+
+def scripted_beam(script, stop, beam, nbest):
+    """(steps, [(tokens, logprob)]) of beam search on ``ScriptedModel(script)``: alpha 0 (the
+    score is the log-probability), output limit 6 tokens incl. EOS."""
+    model = ScriptedModel(script)
+    dec = DecodeConfig(beam=beam, nbest=nbest, alpha=0.0, max_len_a=0.0, max_len_b=6, stop=stop)
+    [hyps] = beam_search(model, torch.tensor([[5, 3]]), dec)
+    return model.steps, [(h.tokens, h.logprob) for h in hyps]
+
+
+def test_stop_best_waits_for_the_best_candidate_to_end():
+    """Beam 3, nbest 1. Step 1: EOS ranks 2nd (p .3): the empty output is finished, but the
+    best candidate (token 4, p .5) has not ended, so "best" goes on. Step 2: 4 EOS (.5 x .9)
+    is the best candidate: "best" stops there with it; "beam" (2 of 3 finished) runs on to the
+    length limit, 6 steps. Guards the stop rule's best-ended condition: stopping on any finished
+    hypothesis, or on the 2nd candidate, would stop after step 1 with the empty output."""
+    script = {(): {4: 0.5, 3: 0.3, 5: 0.1}, (4,): {3: 0.9}}
+    steps, hyps = scripted_beam(script, "best", beam=3, nbest=1)
+    assert steps == 2
+    assert [tokens for tokens, _ in hyps] == [[4]]
+    assert hyps[0][1] == pytest.approx(math.log(0.5 * 0.9), abs=1e-5)
+    assert scripted_beam(script, "beam", beam=3, nbest=1)[0] == 6
+
+
+def test_stop_best_remembers_that_the_best_ended_at_an_earlier_step():
+    """Beam 3, nbest 2. Step 1: EOS is the best candidate (p .5), one finished. Step 2: 4 EOS
+    (.3 x .4) ranks 2nd behind 4 6 (.3 x .5): the second finished hypothesis. "best" stops
+    there (the best ended at step 1, nbest are finished); "beam" (2 of 3) runs on to the
+    limit. Guards that the best-ended mark persists over steps."""
+    script = {(): {3: 0.5, 4: 0.3, 5: 0.1}, (4,): {6: 0.5, 3: 0.4}}
+    steps, hyps = scripted_beam(script, "best", beam=3, nbest=2)
+    assert steps == 2
+    assert [tokens for tokens, _ in hyps] == [[], [4]]
+    assert [lp for _, lp in hyps] == pytest.approx([math.log(0.5), math.log(0.3 * 0.4)],
+                                                   abs=1e-5)
+    assert scripted_beam(script, "beam", beam=3, nbest=2)[0] == 6

@@ -8,9 +8,11 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from xinda.config import ExperimentConfig
-from xinda.data.manifest import load_vocabularies
+from xinda.data.batching import make_batches
+from xinda.data.manifest import load_split, load_vocabularies
 from xinda.data.prepare import prepare
 from xinda.decode.translator import Translator
 from xinda.demo.numbers import write_demo_corpus
@@ -136,6 +138,30 @@ def test_the_trainer_logs_the_scorers_bleu(cfg, tmp_path):
     [valid] = [r for r in rows if r["valid_loss"]]  # at the training seconds so far; the
     assert 0 < float(valid["elapsed_s"]) <= stats["train_seconds"]  # epoch's checkpoint follows
 
+
+def test_the_validation_loss_is_the_per_token_mean_over_all_batches(cfg):
+    """Guards corpus_loss's divisor: the validation loss and NLL are sums over every target
+    token (EOS included) of the split, over their count, whatever the batching (here 80-token
+    batches of different sizes); recomputed sentence by sentence with torch's loss."""
+    train = cfg.train.model_copy(update={"max_tokens": 80, "label_smoothing": 0.2,
+                                         "precision": "fp32"})
+    trainer = Trainer(cfg.model_copy(update={"train": train}))
+    scores = trainer.validate()
+    src, tgt = load_split(cfg.data.out_dir, "valid")
+    batches = make_batches(src.lengths, tgt.lengths, 80, 0, 0, shuffle=False)
+    assert 1 < len(batches) < len(src.lengths)
+    vocab, loss, nll, tokens = trainer.vocab, 0.0, 0.0, 0
+    with torch.no_grad():
+        for i in range(len(src.lengths)):
+            sentence = torch.tensor([*src[i].tolist(), vocab.eos])
+            prev = torch.tensor([vocab.bos, *tgt[i].tolist()])
+            target = torch.tensor([*tgt[i].tolist(), vocab.eos])
+            logits = trainer.model(sentence[None], prev[None])[0]
+            loss += float(F.cross_entropy(logits, target, label_smoothing=0.2, reduction="sum"))
+            nll += float(F.cross_entropy(logits, target, reduction="sum"))
+            tokens += len(target)
+    assert scores["loss"] == pytest.approx(loss / tokens, rel=1e-5)
+    assert scores["nll"] == pytest.approx(nll / tokens, rel=1e-5)
 
 def word_experiment(root, lowercase: bool) -> tuple[ExperimentConfig, list[str]]:
     """A prepared corpus of multi-word targets ("The Red Blue Car!") and its 10 validation

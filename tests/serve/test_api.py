@@ -130,6 +130,61 @@ def test_a_tiny_temperature_is_greedy(client, temperature):
     assert texts == [greedy["translations"][0]["nbest"][0]["text"]] * 2
 
 
+@pytest.mark.parametrize("options", [{"alpha": 2.5}, {"beam": 3, "stop": "best"},
+                                     {"sampling": True, "top_k": 3, "seed": 1},
+                                     {"sampling": True, "top_p": 0.5, "seed": 1}])
+def test_each_decode_setting_reaches_the_translator(client, monkeypatch, options):
+    """Guards the request -> DecodeConfig mapping: a setting dropped from
+    ``TranslateRequest.decode_options`` would decode with the model's own value, silently."""
+    real, calls = Translator.translate, []
+
+    def translate(self, lines, **kwargs):
+        calls.append(kwargs)
+        return real(self, lines, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate", translate)
+    response = post(client, "/v1/translate", model="numbers", text=NUMBERS, **options)
+    assert response.status_code == 200, response.text
+    [kwargs] = calls
+    assert {name: kwargs.get(name) for name in options} == options
+
+
+def test_alpha_is_the_translators_length_penalty(client, served_models):
+    """The response's best hypothesis is ``Translator.translate``'s with the same alpha, whose
+    score (log P / ((5 + |y|) / 6)^alpha) is not the default alpha's."""
+    translator = served_models["numbers"].translator
+
+    def best(alpha: float) -> tuple[str, float]:
+        entry = post(client, "/v1/translate", model="numbers", text=NUMBERS,
+                     alpha=alpha).json()["translations"][0]["nbest"][0]
+        [[own, *_]] = translator.translate([NUMBERS], alpha=alpha)
+        assert entry["text"] == own.text
+        assert entry["score"] == pytest.approx(own.score, abs=1e-5)
+        return entry["text"], entry["score"]
+
+    default = translator.cfg.decode.alpha
+    _, score = best(default + 2.0)
+    assert score != pytest.approx(best(default)[1], abs=1e-3)
+
+
+@pytest.mark.parametrize("nucleus", [{"top_k": 1}, {"top_p": 1e-6}])
+def test_a_one_token_nucleus_samples_greedily_even_when_hot(client, nucleus):
+    """top_k 1, or a top_p below any token's probability, keeps only the most probable token:
+    every sample is the greedy output, even at temperature 100 (where, without them, the
+    samples of this seed differ from it)."""
+    greedy = post(client, "/v1/translate", model="numbers", text=NUMBERS,
+                  beam=1).json()["translations"][0]["nbest"][0]["text"]
+
+    def samples(**options) -> list[str]:
+        response = post(client, "/v1/translate", model="numbers", text=NUMBERS, sampling=True,
+                        temperature=100.0, samples=4, seed=3, **options)
+        assert response.status_code == 200, response.text
+        return [h["text"] for h in response.json()["translations"][0]["nbest"]]
+
+    assert samples(**nucleus) == [greedy] * 4
+    assert samples() != [greedy] * 4
+
+
 def test_constraints(client):
     def best(**constraints):
         response = post(client, "/v1/translate", model="numbers", text=["one", "two"],

@@ -254,6 +254,43 @@ def test_sgd_momentum_is_unchanged_by_an_fp16_update_skipped_first():
     torch.testing.assert_close(train(skip_first=True), train(skip_first=False), rtol=0, atol=0)
 
 
+def test_sgd_with_momentum_takes_torch_sgds_steps():
+    """make_optimizer's SGD (fused, its momentum buffers made before the first step) moves the
+    weights as torch's reference SGD with the same lr, momentum and weight decay does, step
+    after step: the buffers start at zero, as torch's first step has them."""
+    torch.manual_seed(0)
+    ours, theirs = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    theirs.load_state_dict(ours.state_dict())
+    optimizers = [
+        (ours, make_optimizer(cfg(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.01),
+                              ours.parameters())),
+        (theirs, torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01,
+                                 foreach=False))]
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        for layer, optimizer in optimizers:
+            layer(x).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        for mine, reference in zip(ours.parameters(), theirs.parameters()):
+            torch.testing.assert_close(mine, reference, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("clip_norm", [0.0, 1.0, 2.5, 10.0])
+def test_optimizer_step_clips_the_gradients_global_norm(clip_norm):
+    """Gradients (3, 0) and (4,) have global L2 norm 5: clip_norm below it scales both by
+    clip_norm / 5, above it (or 0: off) leaves them. Plain SGD at lr 1 moves each weight by
+    its (clipped) gradient."""
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])
+    optimizer = torch.optim.SGD([a, b], lr=1.0)
+    assert optimizer_step(optimizer, torch.amp.GradScaler("cpu", enabled=False), 1, clip_norm)
+    factor = clip_norm / 5.0 if 0 < clip_norm < 5 else 1.0
+    assert a.tolist() == pytest.approx([-3.0 * factor, 0.0], rel=1e-5)
+    assert b.tolist() == pytest.approx([-4.0 * factor], rel=1e-5)
+    moved = math.hypot(*a.tolist(), *b.tolist())
+    assert moved == pytest.approx(min(clip_norm or math.inf, 5.0), rel=1e-5)
+
 def test_noam_refuses_a_min_lr_above_its_peak():
     """Before: lr 2, d 512, warm-up 8000 peaks at 9.9e-4, and min_lr 1e-3 made the rate jump
     up at update 8000 and never decay, silently (found by review; noam's peak needs d_model,
