@@ -5,6 +5,7 @@ one ``xinda: error:`` line naming the file and the cause, and nothing is written
 from __future__ import annotations
 
 import gzip
+import shutil
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,29 @@ def test_translate_refuses_an_unwritable_output_before_decoding(trained, xinda, 
     one_line_error(proc, f"{bad}: cannot write")
     assert "translated" not in proc.stderr  # refused before decoding
     assert (tmp_path / "file").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("target", ["input", "prefix", "config.yaml", "best.safetensors",
+                                    "spm.model", "checkpoints/notes.txt"])
+def test_translate_refuses_to_write_over_its_own_inputs(trained, xinda, one_line_error,
+                                                        tmp_path, target):
+    """Before: -o the input file or a file of the model folder replaced it (exit 0, the model
+    unusable); a new file in the model folder is still fine."""
+    model = tmp_path / "model"
+    shutil.copytree(trained.model_dir, model)
+    (model / "checkpoints").mkdir(exist_ok=True)
+    source, prefixes = tmp_path / "in.txt", tmp_path / "prefix.txt"
+    source.write_text("five\n")
+    prefixes.write_text("\n")
+    out = {"input": source, "prefix": prefixes}.get(target, model / target)
+    if not out.exists():
+        out.write_text("kept\n")
+    before = out.read_bytes()
+    proc = xinda("translate", model, "-i", source, "--prefix", prefixes, "-o", out, ok=False)
+    one_line_error(proc, f"-o {out}: ")
+    assert out.read_bytes() == before
+    xinda("translate", model, "-i", source, "-o", model / "test.hyp")
+    assert len((model / "test.hyp").read_text().splitlines()) == 1
 
 
 def test_translate_writes_its_output_before_the_attention_plots(trained, xinda, tmp_path):

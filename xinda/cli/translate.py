@@ -17,14 +17,37 @@ from xinda.utils import input_name, read_input
 log = logging.getLogger("xinda")
 
 
-def _check_outputs(output: Path | None, plots: Path | None) -> None:
-    """Refuse outputs that cannot be written before decoding, not after."""
+# files a model folder reads or keeps (weights, config, manifest, vocabularies, log, curves)
+MODEL_FILE_SUFFIXES = (".safetensors", ".yaml", ".json", ".model", ".vocab", ".csv", ".png")
+
+
+def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | None],
+                   model_dirs: list[Path]) -> None:
+    """Refuse outputs that cannot be written before decoding, not after, and outputs that
+    would replace an input of the command: the -i or --prefix file, a model folder's files."""
     from xinda.utils import check_writable
 
     if output is not None and str(output) != "-":
         check_writable(output)
+        _check_not_an_input(output, inputs, model_dirs)
     if plots is not None:
         check_writable(plots, folder=True)
+
+
+def _check_not_an_input(output: Path, inputs: list[Path | None], model_dirs: list[Path]) -> None:
+    for given in inputs:
+        if given is not None and str(given) != "-" and output.exists() and given.exists() \
+                and output.samefile(given):
+            raise XindaError(f"-o {output}: is also an input of the command ({given}); "
+                             "write the translations elsewhere")
+    from xinda.checkpoint import checkpoint_dir
+
+    for model_dir in model_dirs:
+        folders = output.resolve().parents
+        if checkpoint_dir(model_dir).resolve() in folders or (
+                model_dir.resolve() in folders and output.suffix in MODEL_FILE_SUFFIXES):
+            raise XindaError(f"-o {output}: would replace a file of the model folder "
+                             f"{model_dir}; write the translations elsewhere")
 
 
 def _write_output(path: Path | None, lines: list[str]) -> None:
@@ -97,7 +120,8 @@ def translate(
 
     set_threads(threads)
     sampler = _sampling_options(sampling, temperature, top_k, top_p, seed, samples)
-    _check_outputs(output, attention_plot)
+    _check_outputs(output, attention_plot, [input, prefix, checkpoint],
+                   [model_dir, *(ensemble or ())])
     if ban is not None and not ban.replace(",", "").strip():  # (before: silently no ban)
         raise XindaError(f"--ban {ban!r}: no piece or word to ban (commas separate them)")
     lines = read_input(input)
