@@ -40,6 +40,15 @@ def test_a_full_disk_while_writing_names_the_file_and_keeps_the_old_one(tmp_path
         (tmp_path / "missing.txt").read_text()
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_a_full_device_is_named():
+    """Before: a device is written in place, outside the error naming: -o /dev/full printed
+    "xinda: error: No space left on device" with no file (found by review)."""
+    with pytest.raises(XindaError) as err:
+        atomic_write_text("/dev/full", "text\n" * 10_000)
+    assert str(err.value) == "/dev/full: cannot write: No space left on device"
+
+
 def test_a_new_file_gets_the_umasks_permissions_and_an_old_file_keeps_its_own(tmp_path):
     old = os.umask(0o027)
     try:

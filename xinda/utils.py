@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import logging
 import os
@@ -31,7 +32,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     if path.exists() and not path.is_file():
         if path.is_dir():
             raise XindaError(f"{path}: is a directory, not a file")
-        yield path  # a device or FIFO cannot be replaced atomically
+        try:  # a device or FIFO cannot be replaced atomically
+            yield path
+        except OSError as err:  # /dev/full
+            raise _write_error(err, path, str(path)) from None
         return
     with write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,15 +45,21 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         try:
             yield Path(tmp)
         except OSError as err:  # disk full, file too large: the write of the temporary file
-            if err.filename not in (None, tmp):
-                raise
-            raise XindaError(f"{path}: cannot write: {err.strerror or err}") from None
+            raise _write_error(err, path, tmp) from None
         with write_errors(path):
             os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
             os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_error(err: OSError, path: Path, written: str) -> OSError | XindaError:
+    """The error to raise for ``err`` while writing ``written`` for ``path``: one line naming
+    ``path``, or ``err`` itself when it concerns another file."""
+    if err.filename not in (None, written):
+        return err
+    return XindaError(f"{path}: cannot write: {err.strerror or err}")
 
 
 @contextmanager
@@ -219,6 +229,10 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
+            if lineno == 1 and raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+                raise XindaError(f"{name}: UTF-16 text (it starts with a UTF-16 byte-order "
+                                 "mark); convert it to UTF-8, e.g. with iconv -f UTF-16 -t "
+                                 "UTF-8") from None
             bad = raw[err.start:err.start + 1]
             raise XindaError(f"{name}:{lineno}: invalid UTF-8 (byte {err.start}: {bad!r})"
                              ) from None

@@ -315,6 +315,12 @@ def test_a_utf16_file_is_an_error_not_garbage(tmp_path):
     for first in ("1", "", "\r"):
         message = error_of(decode_lines, f"{first}\nTree a small\n".encode("utf-16-le"))
         assert message.startswith("x.txt:2: NUL bytes") and "UTF-16" in message, message
+    # before: with a byte-order mark (iconv -t UTF-16, Windows tools) only "invalid UTF-8"
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be"):
+        bom = {"utf-16-le": "\ufeff", "utf-16-be": "\ufeff"}.get(encoding, "")
+        message = error_of(decode_lines, f"{bom}Tree\n".encode(encoding))
+        assert message == ("x.txt: UTF-16 text (it starts with a UTF-16 byte-order mark); "
+                           "convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8"), message
     # a stray NUL is a control character, as before (cleaned or dropped by the readers)
     assert list(decode_lines(io.BytesIO(b"a\x00b\nnot\x00ok\n"), "x.txt")) == ["a\x00b",
                                                                                 "not\x00ok"]
