@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -173,13 +174,85 @@ def test_export_to_the_current_folder_replaces_it_whole(exported, tmp_path, monk
     """Before: '.' put the temporary folder inside the output, deleted both, then failed."""
     _, ct2_dir, sources = exported
     here = tmp_path / "here"
-    here.mkdir()
-    (here / "old").write_text("replaced")
+    shutil.copytree(ct2_dir, here)  # an earlier export, which --force replaces
+    (here / "old.model").write_text("replaced")
     monkeypatch.chdir(here)
     assert export_ctranslate2(ct2_dir.parent / "model", Path("."), force=True) == Path(".")
-    assert not (here / "old").exists() and (here / "model.bin").exists()
+    assert not (here / "old.model").exists() and (here / "model.bin").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".here.")]
     assert ct2_translator(here).translate_batch(sources[:1], beam_size=1)[0].hypotheses
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@needs_ct2
+def test_force_replaces_an_earlier_export_or_an_empty_folder_only(exported, tmp_path):
+    """Before: --force deleted any folder but the model's own: another trained model
+    (checkpoints and all), a prepared data folder."""
+    _, ct2_dir, sources = exported
+    model_dir = ct2_dir.parent / "model"
+    other_model = shutil.copytree(model_dir, tmp_path / "other-model")
+    for folder, holds in ((other_model, "checkpoints"), (ct2_dir.parent / "bin", "manifest.json")):
+        before = folder_files(folder)
+        with pytest.raises(XindaError, match=re.escape(
+                f"{folder}: not an earlier CTranslate2 export (it holds {holds})")):
+            export_ctranslate2(model_dir, folder, force=True)
+        assert folder_files(folder) == before
+    (tmp_path / "empty").mkdir()
+    assert export_ctranslate2(model_dir, tmp_path / "empty", force=True) == tmp_path / "empty"
+    assert export_ctranslate2(model_dir, tmp_path / "empty", force=True)  # an earlier export
+    assert ct2_translator(tmp_path / "empty").translate_batch(sources[:1], beam_size=1)
+
+
+NOT_EXPORTS = {  # files of folders --force must not replace -> what the refusal names
+    "trained-model": ({"config.yaml": "model: {}", "checkpoints/step_10.safetensors": "w"},
+                      "it holds checkpoints"),
+    "prepared-data": ({"manifest.json": "{}", "spm.model": "m", "train.src.npy": "x"},
+                      "it holds manifest.json"),
+    "user-folder": ({"sub/notes.txt": "mine"}, "it holds sub"),
+    "export-and-notes": ({"model.bin": "b", "config.json": "{}", "notes.txt": "mine"},
+                         "it holds notes.txt"),
+    "no-model-bin": ({"config.json": "{}", "shared_vocabulary.json": "[]"},
+                     "it has no model.bin"),
+}
+
+
+@pytest.mark.parametrize("kind", list(NOT_EXPORTS))
+@pytest.mark.parametrize("force", [True, False], ids=["force", "no-force"])
+def test_force_refuses_a_folder_that_is_not_an_earlier_export(tmp_path, kind, force):
+    """Before: --force replaced any such folder with the CTranslate2 files."""
+    files, why = NOT_EXPORTS[kind]
+    model_dir, out = tmp_path / "model", tmp_path / kind
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text("model: {preset: transformer-tiny}\n",
+                                           encoding="utf-8")
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text, encoding="utf-8")
+    with pytest.raises(XindaError) as err:
+        export_ctranslate2(model_dir, out, force=force)
+    assert str(err.value) == (f"{out}: not an earlier CTranslate2 export ({why}): --force "
+                              "replaces only such a folder; choose another one, or an empty one")
+    assert folder_files(out) == {name: text.encode() for name, text in files.items()}
+
+
+def test_a_folder_force_would_not_replace_is_one_line_on_the_command_line(tmp_path):
+    model_dir, out = tmp_path / "model", tmp_path / "mine"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text("model: {preset: transformer-tiny}\n",
+                                           encoding="utf-8")
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "notes.txt").write_text("mine", encoding="utf-8")
+    proc = subprocess.run([*xinda_command(), "export", "ctranslate2", str(model_dir), str(out),
+                           "--force"], capture_output=True, text=True, env=subprocess_env(),
+                          timeout=120, check=False)
+    assert proc.returncode == 1
+    expected = (f"xinda: error: {out}: not an earlier CTranslate2 export (it holds sub): "
+                "--force replaces only such a folder; choose another one, or an empty one")
+    assert proc.stderr.strip().splitlines() == [expected]
+    assert (out / "sub" / "notes.txt").read_text(encoding="utf-8") == "mine"
 
 
 @pytest.mark.parametrize(("model", "fragment"), [

@@ -152,6 +152,19 @@ def test_gz_beside_a_directory_is_used(tmp_path):
     assert corpus_file(str(tmp_path / "train"), "en") == tmp_path / "train.en.gz"
 
 
+def test_a_plain_and_a_gz_file_for_one_prefix_are_refused(tmp_path):
+    """Before: gz7.en was read and gz7.en.gz, with other lines, silently ignored."""
+    prefix = corpus(tmp_path, "gz7", lines(50), lines(50, 1))
+    (tmp_path / "gz7.en.gz").write_bytes(gzip.compress(b"other\n" * 50))
+    message = prepare_error(config(tmp_path, train=prefix))
+    plain = tmp_path / "gz7.en"
+    assert message == (f"{plain}: {plain}.gz exists too, and the corpus prefix {prefix} could "
+                       "mean either: remove or rename one")
+    assert not (tmp_path / "bin").exists()
+    (tmp_path / "gz7.en").unlink()  # one of them: read as before
+    assert corpus_file(prefix, "en") == tmp_path / "gz7.en.gz"
+
+
 # ---------------------------------------------------------------- control characters
 
 

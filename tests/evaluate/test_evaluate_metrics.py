@@ -291,3 +291,66 @@ def test_lowercase_scores_a_lowercased_model_against_cased_references() -> None:
     assert (bleu.score, chrf.score, ter.score) == pytest.approx((100.0, 100.0, 0.0))
     assert "case:lc" in bleu.signature and "case:lc" in chrf.signature
     assert "case:lc" not in cased[0].signature
+
+
+# --- long lines: TER and ROUGE grow with the square of a line's length ----------------------
+
+
+def test_a_line_too_long_for_ter_is_warned_about_before_scoring(monkeypatch, caplog) -> None:
+    """Before: one 5,000-word line pair ran TER for over 5 minutes without a word."""
+    from sacrebleu.metrics import TER
+
+    from xinda.evaluate import long_lines
+
+    monkeypatch.setitem(long_lines.SLOW_METRICS, "ter", ("TER", 5))
+    seen = []
+    score = TER.corpus_score
+    monkeypatch.setattr(TER, "corpus_score", lambda *args: (seen.append(list(caplog.messages)),
+                                                             score(*args))[1])
+    hyps = ["one two three", "a b c d e f g", "a b c d e f"]
+    refs = ["one two three", "a b c", "a b c d e f g h"]
+    with caplog.at_level("WARNING", logger="xinda"):
+        corpus_scores(hyps, refs, ("bleu", "ter"), names=["hyp.txt", "ref.txt"])
+    expected = ("ref.txt line 3: 8 words (2 more lines over 5): TER takes time and memory "
+                "growing with the square of a line's length (minutes for thousands of words); "
+                "--metrics bleu,chrf scores without it")
+    assert seen == [[expected]]  # once, before TER scores
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="xinda"):
+        corpus_scores(hyps, refs, ("bleu", "chrf", "chrf++"))
+        corpus_scores(["a b c"], ["a b c d e"], ("ter",))  # at the bound
+    assert caplog.messages == []
+
+
+def test_rouge_warns_naming_characters_for_chinese(monkeypatch, caplog) -> None:
+    from xinda.evaluate import long_lines
+
+    monkeypatch.setitem(long_lines.SLOW_METRICS, "rouge", ("ROUGE", 4))
+    with caplog.at_level("WARNING", logger="xinda"):
+        corpus_scores(["我们去北京"], [["我们在北京"], ["他们"]], ("rouge", "rouge"))
+    assert caplog.messages == [(
+        "hypotheses line 1: 5 characters (1 more line over 4): ROUGE takes time and memory "
+        "growing with the square of a line's length (minutes for thousands of characters); "
+        "--metrics bleu,chrf scores without it")]
+
+
+def test_the_command_warns_about_a_long_line_on_one_stderr_line(tmp_path) -> None:
+    """The real bounds (a 10-word reference keeps scoring fast), the files named."""
+    import subprocess
+
+    from subprocesses import subprocess_env, xinda_command
+
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a short line\n" + " ".join(["word"] * 2001) + "\n", encoding="utf-8")
+    ref.write_text("a short line\n" + "word " * 10 + "\n", encoding="utf-8")
+    proc = subprocess.run([*xinda_command(), "evaluate", str(hyp), str(ref), "--metrics",
+                           "bleu,ter,rouge"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    tail = ("takes time and memory growing with the square of a line's length (minutes for "
+            "thousands of words); --metrics bleu,chrf scores without it")
+    assert proc.stderr.splitlines() == [
+        f"xinda: warning: {hyp} line 2: 2,001 words: TER {tail}",
+        f"xinda: warning: {hyp} line 2: 2,001 words: ROUGE {tail}"]
+    assert [line.split(" = ")[0] for line in proc.stdout.splitlines()] == [
+        "BLEU", "TER", "ROUGE-1", "ROUGE-2", "ROUGE-L"]

@@ -290,6 +290,19 @@ def test_malformed_bodies(client, body, status, code):
     assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
 
 
+@pytest.mark.parametrize(("path", "body", "key"), [
+    ("/v1/translate", b'{"text": "the cat", "text": "dog"}', "'text'"),
+    ("/v1/translate", b'{"text": "one", "constraints": {"ban": [], "ban": ["1"]}}', "'ban'"),
+    ("/v1/translate", b'{"text": ["one"], "beam": 2, "beam": 1}', "'beam'"),
+    ("/v1/couplet", b'{"text": "x", "model": "couplet", "model": "numbers"}', "'model'"),
+])
+def test_a_duplicate_key_is_refused_by_name(client, path, body, key):
+    """Before: the last of the duplicates silently won ("dog" translated, 200)."""
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert_error(response, 400, "bad_json", f"duplicate key {key}")
+    assert post(client, "/v1/translate", model="numbers", text="one").status_code == 200
+
+
 @pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000,
                                   b'{"text": "one", "beam": ' + b"1" * 5000 + b"}"],
                          ids=["nested-too-deeply", "over-4300-digits"])

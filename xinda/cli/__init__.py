@@ -130,24 +130,30 @@ def evaluate(
              "stemmed)")
     ] = None,
     metrics: Annotated[str, typer.Option(
-        help="comma-separated: bleu,chrf,chrf++,ter,rouge")] = "bleu,chrf,ter",
+        help="comma-separated: bleu,chrf,chrf++,ter,rouge (TER and ROUGE take time growing "
+             "with the square of a line's length: a line over 500 words for TER, 2,000 for "
+             "ROUGE, gets a warning first; bleu,chrf is fast on any line)")] = "bleu,chrf,ter",
     lowercase: Annotated[bool, typer.Option(
         help="ignore case (a model trained with data.lowercase writes lowercase)")] = False,
 ) -> None:
     """Score HYPOTHESES against REFERENCES (sacrebleu BLEU, chrF, TER; ROUGE-1/2/L with
-    rouge-score), each score with its signature."""
+    rouge-score), each score with its signature. TER and ROUGE can take minutes on lines of
+    thousands of words: a warning names the longest line before they start."""
     from xinda.evaluate.metrics import (
         bleu_by_length,
         corpus_scores,
         format_length_table,
         read_hyps_refs,
     )
+    from xinda.utils import input_name
 
     if source is not None and not by_length:  # (before: silently unused)
         raise XindaError("--source is read for --by-length only: add --by-length")
     hyps, refs = read_hyps_refs(hypotheses, references)
     sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
-    say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize, lowercase)))
+    names = [input_name(hypotheses), *map(str, references)]  # for warnings about long lines
+    say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize, lowercase,
+                                names)))
     if sources is not None:
         say(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize,
                                                lowercase=lowercase)))

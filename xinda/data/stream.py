@@ -26,9 +26,13 @@ _READ_CHUNK = 50_000  # pairs per chunk where a caller keeps all of them anyway
 
 
 def corpus_file(prefix: str, lang: str) -> Path:
-    """``{prefix}.{lang}`` if it exists, else ``{prefix}.{lang}.gz``."""
+    """``{prefix}.{lang}`` or ``{prefix}.{lang}.gz``, whichever is a file; both is a XindaError
+    (the prefix could mean either, and their lines may differ)."""
     plain = Path(f"{prefix}.{lang}")
     gz = Path(f"{plain}.gz")
+    if plain.is_file() and gz.is_file():
+        raise XindaError(f"{plain}: {gz} exists too, and the corpus prefix {prefix} could mean "
+                         "either: remove or rename one")
     for path in (plain, gz):
         if path.is_file():
             return path

@@ -18,6 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
 from xinda.errors import XindaError
+from xinda.evaluate.long_lines import warn_long_lines
 from xinda.utils import check_lines, input_name, read_input, read_lines
 
 Refs = Sequence[str] | Sequence[Sequence[str]]
@@ -46,6 +47,11 @@ def _ref_streams(refs: Refs) -> list[list[str]]:
     if all(isinstance(r, str) for r in refs):
         return [check_lines(refs, "references")]
     return [check_lines(stream, f"reference stream {i}") for i, stream in enumerate(refs, 1)]
+
+
+def _stream_names(n: int) -> list[str]:
+    """How messages name ``n`` reference streams."""
+    return ["references"] if n == 1 else [f"reference stream {i}" for i in range(1, n + 1)]
 
 
 def _check_lengths(hyps: Sequence[str], streams: list[list[str]]) -> None:
@@ -105,6 +111,7 @@ def corpus_scores(
     metrics: Sequence[str] = ("bleu", "chrf", "ter"),
     tokenize: str | None = None,
     lowercase: bool = False,
+    names: Sequence[str] = (),
 ) -> list[Score]:
     """Score ``hyps`` against one or more reference streams with each of ``metrics``.
 
@@ -116,6 +123,9 @@ def corpus_scores(
     the English ones stemmed). "rouge" gives three scores: ROUGE-1, ROUGE-2 and ROUGE-L. An
     unusable ``tokenize`` is refused whichever metrics are asked for. ``lowercase``: BLEU,
     chrF and TER ignore case (for a model trained on lowercased text; ROUGE always does).
+    TER and ROUGE, whose cost grows with the square of a line's length, first warn about
+    lines over ``long_lines.SLOW_METRICS``'s bounds, naming them by ``names`` (the hypotheses'
+    file, then the references'; default "hypotheses", "references" or "reference stream i").
     """
     hyps, streams = check_lines(hyps, "hypotheses"), _ref_streams(refs)
     _check_lengths(hyps, streams)
@@ -128,6 +138,10 @@ def corpus_scores(
     unknown = [name for name in metrics if name.lower() not in METRICS]
     if unknown:
         raise XindaError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
+    names = [*names] or ["hypotheses", *_stream_names(len(streams))]
+    for name in dict.fromkeys(name.lower() for name in metrics):
+        chars = tokenize in (("zh", "char") if name == "rouge" else ASIAN_TOKENIZERS)
+        warn_long_lines(name, [hyps, *streams], names, chars)
     scores = []
     for name in metrics:
         if name.lower() == "rouge":

@@ -19,7 +19,10 @@ def ctranslate2(
     quantization: Annotated[str | None, typer.Option(
         help="store weights as int8, int8_float32, int16, float16, ... (default: float32; "
              "CTranslate2 can also quantise at load time)")] = None,
-    force: Annotated[bool, typer.Option(help="replace OUT_DIR if it exists")] = False,
+    force: Annotated[bool, typer.Option(
+        help="replace OUT_DIR if it holds an earlier CTranslate2 export (model.bin, config.json, "
+             "vocabularies, sentencepiece models and nothing else); any other folder is "
+             "refused unless empty")] = False,
 ) -> None:
     """Export the Transformer of MODEL_DIR to a CTranslate2 model directory: it translates
     space-separated sentencepiece pieces, greedy decoding as xinda's with the length limits of

@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import shutil
 import tempfile
+from fnmatch import fnmatchcase
 from pathlib import Path
 from types import ModuleType
 
@@ -43,10 +44,12 @@ from xinda.decode.translator import Translator
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
 from xinda.models.transformer import TransformerConfig
-from xinda.utils import check_writable, write_errors
+from xinda.utils import check_writable, os_errors_named, write_errors
 
 INSTALL_HINT = "pip install 'xinda[export]'"
 SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
+EXPORT_FILES = ("model.bin", "config.json")  # in every export
+EXPORT_EXTRAS = ("*vocabulary.json", "*vocabulary.txt", "*.model")  # vocabularies, spm models
 
 
 def check_exportable(model_dir: Path) -> TransformerConfig:
@@ -94,7 +97,8 @@ def _ct2_spec() -> ModuleType:
 def _check_output(model_dir: Path, out_dir: Path, force: bool,
                   checkpoint: Path | None = None) -> None:
     """Refuse an existing ``out_dir`` without ``force``, and always a folder that is or holds
-    what the export reads: the model directory, its checkpoints, the ``checkpoint`` file."""
+    what the export reads (the model directory, its checkpoints, the ``checkpoint`` file) or
+    that is not an earlier export (a trained model, data, a user's folder)."""
     out = out_dir.resolve()
     inputs = [model_dir, checkpoint_dir(model_dir), *([checkpoint] if checkpoint else [])]
     for given in inputs:
@@ -102,11 +106,27 @@ def _check_output(model_dir: Path, out_dir: Path, force: bool,
         if out == path or out in path.parents:
             raise XindaError(f"{out_dir}: the output folder may not hold {given} (the export "
                              "replaces the folder it writes)")
-    if out_dir.exists() and not force:
-        raise XindaError(f"{out_dir}: already exists (--force replaces it)")
     if out_dir.exists() and not out_dir.is_dir():
         raise XindaError(f"{out_dir}: not a folder (the export is a folder)")
+    if out_dir.exists():
+        _check_earlier_export(out_dir)
+        if not force:
+            raise XindaError(f"{out_dir}: already exists (--force replaces it)")
     check_writable(out_dir.parent, folder=True)  # made if missing
+
+
+def _check_earlier_export(out_dir: Path) -> None:
+    """Refuse a folder that is neither empty nor an earlier export (``EXPORT_FILES``, and files
+    named as ``EXPORT_EXTRAS``, nothing else): a trained model, data or a user's folder."""
+    with os_errors_named(out_dir, "cannot read"):
+        entries = sorted(out_dir.iterdir())
+    odd = [p.name for p in entries if not p.is_file()
+           or not any(fnmatchcase(p.name, name) for name in (*EXPORT_FILES, *EXPORT_EXTRAS))]
+    missing = [name for name in EXPORT_FILES if not (out_dir / name).is_file()]
+    if entries and (odd or missing):
+        why = f"it holds {odd[0]}" if odd else f"it has no {missing[0]}"
+        raise XindaError(f"{out_dir}: not an earlier CTranslate2 export ({why}): --force "
+                         "replaces only such a folder; choose another one, or an empty one")
 
 
 def _spm_files(model_dir: Path) -> list[Path]:
@@ -120,8 +140,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path,
                        force: bool = False) -> Path:
     """Write the Transformer of ``model_dir`` (its default weights, or ``checkpoint``) as a
     CTranslate2 model directory ``out_dir`` (float32 weights unless ``quantization``, one of
-    CTranslate2's types such as int8); ``force`` replaces an existing ``out_dir``. The folder
-    appears complete or not at all. Returns ``out_dir``."""
+    CTranslate2's types such as int8); ``force`` replaces an existing ``out_dir`` that holds an
+    earlier export (any other folder is refused unless empty). The folder appears complete or
+    not at all. Returns ``out_dir``."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     check_exportable(model_dir)
     _check_output(model_dir, out_dir, force, None if checkpoint is None else Path(checkpoint))

@@ -34,6 +34,7 @@ from xinda.errors import XindaError
 from xinda.serve import tasks
 from xinda.serve.auth import API_KEY, BEARER, check_api_key
 from xinda.serve.errors import ApiError, install_error_handlers
+from xinda.serve.json_body import UniqueKeysRoute
 from xinda.serve.metrics import Metrics
 from xinda.serve.middleware import CLIENT_GONE, RequestGuard
 from xinda.serve.models import ServedModel, load_models
@@ -229,7 +230,8 @@ def decode_options(model: ServedModel, req: TranslateRequest) -> tuple[dict, boo
 
 def routes(svc: Service) -> APIRouter:
     """The API's endpoints; all but /health need the API key when one is set."""
-    api = APIRouter(dependencies=[Depends(svc.authorize)], responses=ERRORS)
+    api = APIRouter(dependencies=[Depends(svc.authorize)], responses=ERRORS,
+                    route_class=UniqueKeysRoute)  # duplicate JSON keys refused
 
     @api.post("/v1/translate", response_model=TranslateResponse)
     async def translate(req: TranslateRequest, request: Request) -> JSONResponse:
