@@ -159,6 +159,31 @@ def test_another_architecture_names_missing_and_unexpected_tensors(tmp_path):
         load_weights(tiny(30, encoder_layers=2), path)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_weights_that_are_not_finite_are_refused(tmp_path, value):
+    """A damaged best.safetensors (a valid header, NaN in output.weight) loaded: every
+    translation came out empty, with a warning about constraints that nobody gave."""
+    model, path = tiny(30), tmp_path / "best.safetensors"
+    with torch.no_grad():
+        model.output.weight[3, 5] = value
+    checkpoint.save_weights(model, path)
+    with pytest.raises(XindaError) as err:
+        load_weights(tiny(30), path)
+    assert str(err.value) == (f"{path}: holds NaN or infinite values in output.weight: "
+                              "damaged file?")
+
+
+def test_the_reviewers_damage_is_refused(tmp_path):
+    """The last 4000 bytes overwritten with 0xFF (NaN in float32)."""
+    path = tmp_path / "best.safetensors"
+    checkpoint.save_weights(tiny(30), path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-4000] + b"\xff" * 4000)
+    with pytest.raises(XindaError, match=rf"^{path}: holds NaN or infinite values in \S+"
+                                         r"( \(and \d+ more\))?: damaged file\?$"):
+        load_weights(tiny(30), path)
+
+
 def test_saving_a_step_again_replaces_it(tmp_path):
     model = saved_twice(tmp_path)
     save_checkpoint(tmp_path, 2, model, {"progress": {"step": 2, "epoch": 1}}, keep_last=5)

@@ -109,8 +109,9 @@ def save_weights(model: torch.nn.Module, path: str | Path) -> None:
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Load ``path`` into ``model``; a file that is not safetensors, or whose tensors do not fit
-    the model (another architecture, vocabulary or size), is a XindaError saying which."""
+    """Load ``path`` into ``model``; a file that is not safetensors, whose tensors do not fit
+    the model (another architecture, vocabulary or size) or are not finite (a damaged file:
+    translations came out empty) is a XindaError saying which."""
     path = Path(path)
     if not path.is_file():
         raise XindaError(f"{path}: checkpoint not found")
@@ -136,6 +137,11 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     if missing or unexpected:
         raise XindaError(f"{path}: weights do not fit the model (a different architecture?): "
                          f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    loaded = model.state_dict()  # (by the file's names: a tied tensor is stored once)
+    if bad := [name for name in sorted(shapes) if loaded[name].is_floating_point()
+               and not bool(torch.isfinite(loaded[name]).all())]:
+        raise XindaError(f"{path}: holds NaN or infinite values in {bad[0]}"
+                         f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: damaged file?")
 
 
 # ------------------------------------------------------------------ the training state

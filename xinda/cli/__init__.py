@@ -111,7 +111,7 @@ def train(config: Path, set_: SetOpt = None,
         log.warning("train.warmup_steps %d is more than train.max_steps %d: the learning rate "
                     "stops at %.3g of its peak", cfg.train.warmup_steps, steps,
                     steps / cfg.train.warmup_steps)
-    trainer = Trainer(cfg, valid_bleu=validation_bleu(cfg))
+    trainer = Trainer(cfg, valid_bleu=validation_bleu(cfg), config=config)
     progress = trainer.train(resume=resume)
     if trainer.ranks.is_main:  # under torchrun: once
         say(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from xinda.errors import XindaError
 from xinda.train.progress import Progress
 from xinda.utils import atomic_save
 
@@ -25,17 +26,13 @@ class CsvLog:
         train or validation row at ``step`` when the checkpoint there holds it as not logged
         (``train_at_step``/``valid_at_step`` False), and a last row torn by a crash while it was
         appended (no final newline, or not all fields)."""
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        if lines and not lines[-1].endswith("\n"):
-            lines.pop()  # torn: the process died while writing it
-
         def keep(row: list[str]) -> bool:
             if len(row) != len(FIELDS) or not row[0].isdigit() or int(row[0]) > step:
                 return False
             validation = row[FIELDS.index("valid_loss")] != ""
             return int(row[0]) < step or (valid_at_step if validation else train_at_step)
 
-        kept = [FIELDS, *filter(keep, list(csv.reader(lines))[1:])]
+        kept = [FIELDS, *filter(keep, read_rows(self.path))]
 
         def write(tmp: Path) -> None:
             with tmp.open("w", newline="") as f:
@@ -53,6 +50,44 @@ class CsvLog:
     def write(self, **row) -> None:
         with self.path.open("a", newline="") as f:
             csv.writer(f).writerow([_fmt(row.get(k)) for k in FIELDS])
+
+
+def read_rows(path: Path) -> list[list[str]]:
+    """The rows of the training log ``path`` after its header, less a last row torn by a crash
+    (no final newline). A XindaError names a line that is not UTF-8 text, or a row of the
+    log's fields with one that is not a number (a damaged log: the run would fail later)."""
+    data = path.read_bytes()
+    try:
+        lines = data.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise _damaged(path, line, f"not UTF-8 text (invalid byte at offset {err.start})"
+                       ) from None
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()  # torn: the process died while writing it
+    try:
+        rows = list(csv.reader(lines))[1:]
+    except csv.Error as err:
+        raise _damaged(path, None, f"not CSV ({err})") from None
+    for line, row in enumerate(rows, 2):
+        bad = [(k, v) for k, v in zip(FIELDS, row) if v and not _is_number(v)]
+        if len(row) == len(FIELDS) and bad:
+            raise _damaged(path, line, f"{bad[0][0]} {bad[0][1]!r} is not a number")
+    return rows
+
+
+def _damaged(path: Path, line: int | None, problem: str) -> XindaError:
+    where = f"{path}: line {line}" if line else str(path)
+    return XindaError(f"{where}: {problem}: a damaged training log; repair it, or move it "
+                      "aside (training then starts a new one)")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _fmt(value) -> str:

@@ -12,9 +12,11 @@ optimizer) and the update recorded in ``lr_resets``, so that ``xinda train NEW_D
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,9 +28,10 @@ from xinda.data.manifest import load_manifest, load_vocabularies
 from xinda.errors import XindaError
 from xinda.models.registry import build_model, resolve
 from xinda.models.transformer.grow import grow_encoder, grown_config
-from xinda.train.curves import CsvLog
+from xinda.train.curves import CsvLog, read_rows
 from xinda.train.progress import Progress
 from xinda.train.run_dir import trained_weights
+from xinda.train.saved_state import checked_state
 from xinda.utils import atomic_save, check_writable, write_errors
 
 log = logging.getLogger("xinda")
@@ -41,6 +44,26 @@ def default_out(model_dir: str | Path, layers: int) -> Path:
     if path.name in ("", ".."):
         path = Path(os.path.abspath(path))
     return path.with_name(f"{path.name}-{layers}l")
+
+
+@contextlib.contextmanager
+def removed_on_failure(out: Path) -> Iterator[None]:
+    """Remove what the block wrote into ``out`` (new, or empty before) if it fails, so that a
+    second ``xinda grow`` after the cause is fixed does not find it not empty."""
+    existed = out.is_dir()
+    try:
+        yield
+    except BaseException:
+        if out.is_dir():
+            for path in out.iterdir():
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if not existed:
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+        raise
 
 
 def grown_experiment(cfg: ExperimentConfig, model_cfg, out: Path) -> ExperimentConfig:
@@ -78,18 +101,19 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
                          "; grow writes a new model directory: choose another --out")
     manifest = load_manifest(model_dir)  # (read before the output folder is made)
     vocab = load_vocabularies(model_dir, manifest).info
-    check_writable(out, folder=True)
-
     old = build_model(old_cfg, vocab)
     ckpt.load_weights(old, found[-1])
     torch.manual_seed(cfg.train.seed)  # the new layers' start (a gate with no source layer)
     new = grow_encoder(old, build_model(new_cfg, vocab))
-    state = ckpt.load_state(found[-1])
+    state = checked_state(ckpt.load_state(found[-1]), ckpt.state_json(found[-1]))
     progress = Progress(**state["progress"])
     progress.reset_best()
     progress.lr_resets = [*progress.lr_resets, progress.step]
+    if (model_dir / "log.csv").is_file():
+        read_rows(model_dir / "log.csv")  # (a damaged log fails now, before out is written)
 
-    with write_errors(out):
+    with removed_on_failure(out), write_errors(out):
+        check_writable(out, folder=True)
         out.mkdir(parents=True, exist_ok=True)
         save_config(grown_experiment(cfg, new_cfg, out), out / "config.yaml")
         for name in (*sorted(set(manifest["spm"].values())), "manifest.json", "log.csv"):

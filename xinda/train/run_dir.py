@@ -3,6 +3,9 @@ change, and the checks of the data against the model, all before anything is wri
 
 * Without ``--resume`` a directory with checkpoints is refused, and so is one holding another
   run's weights (``best``/``averaged.safetensors``) without a checkpoint to continue from.
+  A run starting afresh writes only into a new or empty folder, or one holding nothing but the
+  files of a run stopped before its first checkpoint (``check_new_run_dir``): not into a
+  prepared dataset, a user's files or over the config file it was given.
 * With it, the run continues update for update. The model may change only in its dropout
   rates: any other change (width, depth, norm position, fusion...) would load the weights into
   another network. The data must be the prepared data the run started on: the same
@@ -12,7 +15,8 @@ change, and the checks of the data against the model, all before anything is wri
   (limits, logging, threads, checkpointing, learning-rate settings) may; Adam's betas and eps,
   weight decay and momentum come from the config, not from the saved optimizer state
   (``apply_hyperparameters``).
-* A sentence longer than the model's position table is refused before the first update.
+* A sentence longer than the model's position table, or an id outside the vocabulary (a
+  damaged array), is refused before the first update.
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from pydantic import BaseModel
 
 from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, TrainConfig, load_config
 from xinda.config_yaml import config_source
+from xinda.data.manifest import load_split
+from xinda.data.vocab import VocabInfo
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
-from xinda.train.curves import plot_curves
+from xinda.train.curves import FIELDS, plot_curves, read_rows
 from xinda.train.progress import Progress
 from xinda.train.schedule import noam_min_lr_problem
 from xinda.utils import atomic_write_text
@@ -69,9 +76,10 @@ def trained_weights(out: Path) -> list[str]:
 
 
 def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: Path,
-                     manifest: dict) -> None:
-    """Refuse to train into ``out`` what would overwrite or mix with another run; first
-    finish a checkpoint save that a crash interrupted."""
+                     manifest: dict, config: str | Path | None = None) -> None:
+    """Refuse to train into ``out`` what would overwrite or mix with another run, or files
+    not a run's (``config``: the config file read); first finish a checkpoint save that a
+    crash interrupted."""
     if out.exists():
         ckpt.finish_resaves(out)
     found = out.exists() and ckpt.list_checkpoints(out)
@@ -91,7 +99,80 @@ def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: P
                          "them to start it over)")
     if found:
         check_same_run(out, cfg, data_dir, manifest)
+    else:
+        check_new_run_dir(out, config)
+    if (out / "log.csv").is_file():
+        read_rows(out / "log.csv")  # (a damaged log fails now, not once files are written)
     check_prepared_as_configured(cfg, data_dir, manifest)
+
+
+def check_new_run_dir(out: Path, config: str | Path | None) -> None:
+    """A run starting afresh writes its config.yaml, manifest.json, sentencepiece models,
+    log.csv ... into ``out``: refuse ``out`` if ``config``, the config file read, is one of
+    them, or if it holds a prepared dataset, or anything else than such files as train wrote
+    them (a run stopped before its first checkpoint is started over, as before). Hidden
+    entries (a demo's mark, editor files), and folders or empty files in a file's place, are
+    let be."""
+    mine = out / "config.yaml"
+    if config is not None and mine.is_file() and Path(config).resolve() == mine.resolve():
+        raise XindaError(f"{config}: is train.out_dir's config.yaml, which a new run writes "
+                         "over with its own: train with a copy kept elsewhere")
+    names = sorted(p.name for p in out.iterdir() if p.name[:1] != ".") if out.is_dir() else []
+    if arrays := [n for n in names if n.endswith((".ids.npy", ".offsets.npy"))]:
+        raise XindaError(f"{out}: holds a prepared dataset ({arrays[0]}): a run there would "
+                         "replace its manifest.json and sentencepiece model; choose another "
+                         "train.out_dir")
+    if foreign := [n for n in names if n not in _RUN_FILES]:
+        raise XindaError(f"{out}: not empty ({', '.join(foreign[:3])}"
+                         f"{', ...' * (len(foreign) > 3)}) and not a xinda model directory: a "
+                         "new run would write there; choose another train.out_dir (a new or "
+                         "empty folder)")
+    for name in names:  # (an empty file holds nothing to lose)
+        path = out / name
+        if path.is_file() and path.stat().st_size and not _RUN_FILES[name](path):
+            raise XindaError(f"{path}: not a file that xinda train wrote (a new run would "
+                             "write over it): choose another train.out_dir (a new or empty "
+                             "folder)")
+
+
+def written_by_xinda(config: Path) -> bool:
+    """Whether ``config`` is as ``save_config`` writes (a YAML dump: no comments, keys in the
+    order written), not a user's file."""
+    try:
+        text = config.read_text(encoding="utf-8")
+        tree = yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):  # (UnicodeDecodeError is a ValueError)
+        return False
+    return isinstance(tree, dict) and "train" in tree \
+        and yaml.safe_dump(tree, sort_keys=False) == text
+
+
+def _starts(path: Path, *heads: bytes, within: int = 256) -> bool:
+    """Whether ``path``'s first ``within`` bytes begin with ``heads[0]`` and hold the rest."""
+    with path.open("rb") as f:
+        head = f.read(within)
+    return head.startswith(heads[0]) and all(h in head for h in heads[1:])
+
+
+def _json_with(path: Path, *keys: str) -> bool:
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and all(k in found for k in keys)
+
+
+# what train writes in a model directory, and how to tell that a file of the name is its own
+_RUN_FILES = {
+    "config.yaml": written_by_xinda,
+    "manifest.json": lambda p: _json_with(p, "spm", "splits"),
+    "log.csv": lambda p: _starts(p, ",".join(FIELDS).encode() + b"\r\n")
+    or _starts(p, ",".join(FIELDS).encode() + b"\n"),
+    "curves.png": lambda p: _starts(p, b"\x89PNG\r\n\x1a\n", b"Matplotlib"),
+    "train_stats.json": lambda p: _json_with(p, "steps", "tgt_tokens"),
+    **dict.fromkeys(("spm.model", "spm.src.model", "spm.tgt.model"), lambda p: True),
+    "checkpoints": lambda p: False,  # a folder (holding checkpoints, complete or torn: refused)
+}
 
 
 # data settings that do not change what ``prepare`` writes (out_dir: a caller's data_dir wins)
@@ -206,6 +287,32 @@ def retire_average(out: Path, step: int) -> None:
         averaged.replace(aside)
         log.warning("%s averaged older checkpoints: renamed to %s (run xinda average again)",
                     averaged, aside.name)
+
+
+def check_splits(data_dir: Path, train: tuple, has_valid: bool, max_positions: int,
+                 vocab: VocabInfo) -> None:
+    """The checks of ``check_lengths`` and ``check_ids`` on the ``train`` arrays (source,
+    target) and on the valid split if there is one."""
+    for split, pair in [("train", train), *([("valid", load_split(data_dir, "valid"))]
+                                            if has_valid else [])]:
+        check_lengths(data_dir, split, pair, max_positions)
+        check_ids(data_dir, split, pair, vocab)
+
+
+def check_ids(data_dir: Path, split: str, pair: tuple, vocab: VocabInfo) -> None:
+    """Refuse, before training, a split whose arrays hold an id outside the vocabulary (a
+    damaged or foreign array: the embedding failed with an IndexError at its batch). One pass
+    over the ids, in chunks of a memory-mapped file."""
+    for side, arrays, size in zip(("src", "tgt"), pair, (vocab.src_size, vocab.tgt_size)):
+        ids, low, high = arrays.ids, 0, 0
+        for start in range(0, len(ids), 1 << 24):
+            chunk = ids[start:start + (1 << 24)]
+            low, high = min(low, int(chunk.min())), max(high, int(chunk.max()))
+        if low < 0 or high >= size:
+            raise XindaError(f"{data_dir / f'{split}.{side}.ids.npy'}: holds token id "
+                             f"{low if low < 0 else high}, outside the vocabulary of {size} "
+                             f"pieces (ids 0 to {size - 1}): a damaged array? re-run xinda "
+                             "prepare")
 
 
 def check_lengths(data_dir: Path, split: str, pair: tuple, max_positions: int) -> None:

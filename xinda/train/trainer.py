@@ -44,14 +44,15 @@ from xinda.train.progress import Progress, beats, validation_metric
 from xinda.train.run_dir import (
     apply_hyperparameters,
     check_batches_per_update,
-    check_lengths,
     check_output_dir,
+    check_splits,
     checked_model,
     retire_average,
     warn_oversized,
     warn_validation_settings,
     write_stats,
 )
+from xinda.train.saved_state import checked_state
 from xinda.train.schedule import learning_rate, make_optimizer, optimizer_step, set_lr
 from xinda.train.signals import StopSignals
 from xinda.utils import atomic_path, os_errors_named
@@ -65,11 +66,12 @@ class Trainer:
     """Trains ``cfg.model`` on the prepared data in ``data_dir`` (default ``cfg.data.out_dir``).
 
     ``valid_bleu`` (``xinda.evaluate.validation.validation_bleu(cfg)``, built by the caller:
-    training imports no scoring) adds BLEU to each validation; else the loss picks the best."""
+    training imports no scoring) adds BLEU to each validation; else the loss picks the best.
+    ``config``: the file ``cfg`` was read from (a new run will not write over it)."""
 
     def __init__(self, cfg: ExperimentConfig, data_dir: str | Path | None = None,
-                 valid_bleu: ValidBleu | None = None):
-        self.cfg, tc, self.out = cfg, cfg.train, Path(cfg.train.out_dir)
+                 valid_bleu: ValidBleu | None = None, config: str | Path | None = None):
+        self.cfg, tc, self.out, self.config = cfg, cfg.train, Path(cfg.train.out_dir), config
         self.data_dir = Path(data_dir or cfg.data.out_dir)
         if tc.threads:
             torch.set_num_threads(tc.threads)
@@ -94,10 +96,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.train_src, self.train_tgt = load_split(self.data_dir, "train")
         self.has_valid = "valid" in self.manifest["splits"]
-        limit = self.model_cfg.max_positions
-        check_lengths(self.data_dir, "train", (self.train_src, self.train_tgt), limit)
-        if self.has_valid:
-            check_lengths(self.data_dir, "valid", load_split(self.data_dir, "valid"), limit)
+        check_splits(self.data_dir, (self.train_src, self.train_tgt), self.has_valid,
+                     self.model_cfg.max_positions, self.vocab)
         if self.ranks.is_main:
             warn_oversized(self.train_src, self.train_tgt, tc.max_tokens)
         self.progress, self.valid_bleu = Progress(), valid_bleu
@@ -143,7 +143,7 @@ class Trainer:
         if not found:
             log.warning("--resume: no checkpoint in %s, starting from scratch", self.out)
             return None
-        state = ckpt.load_state(found[-1])
+        state = checked_state(ckpt.load_state(found[-1]), ckpt.state_json(found[-1]))
         check_batches_per_update(self.out, state, self.ranks.world, self.cfg.train.update_freq)
         ckpt.load_weights(self.model, found[-1])
         if state["optimizer"] is None:
@@ -182,8 +182,8 @@ class Trainer:
             self.ranks.check_same({
                 "prepared data": data_fingerprint(self.data_dir, self.manifest),
                 "model or train settings": settings_fingerprint(self.model_cfg, self.cfg.train)})
-            self.ranks.main_only(lambda: check_output_dir(self.out, resume, self.cfg,
-                                                          self.data_dir, self.manifest))
+            self.ranks.main_only(lambda: check_output_dir(
+                self.out, resume, self.cfg, self.data_dir, self.manifest, self.config))
             self.ranks.set_rng_state(self.start_rng)  # (another Trainer built since reseeds)
             if resume:
                 self.resume()

@@ -1,0 +1,294 @@
+"""Bad files around a training run are one-line XindaErrors naming the file, before anything
+is written (found by a bad-input review):
+
+* a new run refuses an out_dir that is not a model directory: a user's files (a commented
+  config.yaml, the config file read itself, a log.csv and curves.png of their own) or another
+  experiment's prepared data were written over; a run stopped before its first checkpoint is
+  still started over, and a new or empty folder and ``--resume`` still work;
+* a damaged log.csv or checkpoint state (``"step": "x"``, no ``"optimizer"``) on ``--resume``
+  and ``xinda grow`` (which left a half-written folder that a retry found not empty);
+* token ids outside the vocabulary in the prepared arrays (an IndexError mid-training);
+* NaN in the weights a translator loads (every translation came out empty, exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from subprocesses import subprocess_env, xinda_command
+
+from xinda.checkpoint import list_checkpoints, state_json
+from xinda.config import ExperimentConfig
+from xinda.data.prepare import prepare
+from xinda.decode.translator import Translator
+from xinda.demo.numbers import write_demo_corpus
+from xinda.errors import XindaError
+from xinda.train.grow import grow_model_dir
+from xinda.train.trainer import Trainer
+
+
+def files(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def with_out(cfg: ExperimentConfig, out: Path, **train) -> ExperimentConfig:
+    tree = cfg.model_dump(mode="json")
+    tree["train"].update(out_dir=str(out), **train)
+    return ExperimentConfig.model_validate(tree)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> ExperimentConfig:
+    """A prepared 20-pair number-words corpus and a tiny Transformer's training config."""
+    root = tmp_path_factory.mktemp("bad-run-files")
+    raw = write_demo_corpus(root / "raw", {"train": 20})
+    cfg = ExperimentConfig.model_validate({
+        "data": {"src_lang": "words", "tgt_lang": "digits", "train": raw["train"],
+                 "out_dir": str(root / "bin"), "vocab_size": 40, "normalize": "none",
+                 "pretok_tgt": "char"},
+        "model": {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
+                  "encoder_layers": 1, "decoder_layers": 1},
+        "train": {"out_dir": str(root / "model"), "progress": False, "device": "cpu",
+                  "precision": "fp32", "max_steps": 2, "keep_heap": False,
+                  "run_validation": False, "threads": 1}})
+    prepare(cfg.data, log=lambda _: None)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def trained_dir(prepared, tmp_path_factory) -> Path:
+    """A model directory trained 2 updates (read-only: tests copy it)."""
+    out = tmp_path_factory.mktemp("trained") / "model"
+    Trainer(with_out(prepared, out)).train()
+    return out
+
+
+@pytest.fixture
+def run(trained_dir, tmp_path) -> Path:
+    """A copy of the trained model directory."""
+    return shutil.copytree(trained_dir, tmp_path / "run")
+
+
+def refused(cfg: ExperimentConfig, *fragments: str, resume: bool = False, **kw) -> str:
+    with pytest.raises(XindaError) as err:
+        Trainer(cfg, **kw).train(resume=resume)
+    message = str(err.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+# ------------------------------------------------------------------ A: where a new run writes
+COMMENTED = "# my experiment: do not lose this comment\ntrain:\n  out_dir: .\n"
+
+
+def test_a_users_commented_config_in_out_dir_is_not_written_over(prepared, tmp_path):
+    """(a) ``train.out_dir: .`` beside the user's commented config.yaml: it was rewritten."""
+    (tmp_path / "config.yaml").write_text(COMMENTED, encoding="utf-8")
+    before = files(tmp_path)
+    refused(with_out(prepared, tmp_path), f"{tmp_path / 'config.yaml'}: not a file that xinda "
+            "train wrote (a new run would write over it)")
+    refused(with_out(prepared, tmp_path), "is train.out_dir's config.yaml",
+            config=tmp_path / "config.yaml")
+    assert files(tmp_path) == before
+
+
+def test_the_cli_refuses_it_on_one_line(prepared, tmp_path):
+    """The reviewer's repro: ``xinda train config.yaml`` in the folder, ``train.out_dir: .``:
+    exit 0, the config rewritten and its comments lost."""
+    tree = prepared.model_dump(mode="json")
+    tree["train"]["out_dir"] = "."
+    config = tmp_path / "config.yaml"
+    config.write_text(f"# my experiment\n{yaml.safe_dump(tree)}", encoding="utf-8")
+    before = files(tmp_path)
+    proc = subprocess.run([*xinda_command(), "train", "config.yaml"], cwd=tmp_path, text=True,
+                          capture_output=True, env=subprocess_env(), timeout=120, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert errors == [("xinda: error: config.yaml: is train.out_dir's config.yaml, which a "
+                       "new run writes over with its own: train with a copy kept elsewhere")]
+    assert files(tmp_path) == before
+
+
+def test_the_config_read_is_not_written_over_even_as_xinda_wrote_it(prepared, trained_dir,
+                                                                       tmp_path):
+    """The folder of a run stopped before its first checkpoint is started over, but not with
+    its own config.yaml as the config read (a --set would be written into it)."""
+    out = tmp_path / "stopped"
+    out.mkdir()
+    for name in ("config.yaml", "manifest.json", "spm.model", "log.csv"):
+        shutil.copyfile(trained_dir / name, out / name)
+    before = files(out)
+    refused(with_out(prepared, out), f"{out / 'config.yaml'}: is train.out_dir's config.yaml, "
+            "which a new run writes over with its own", config=out / "config.yaml")
+    assert files(out) == before
+
+
+def test_a_folder_of_the_users_own_files_is_refused(prepared, trained_dir, tmp_path):
+    """(b) their log.csv, config.yaml and curves.png were all overwritten, exit 0. Each is
+    refused by itself, among files that a run wrote (which alone would be started over)."""
+    users = {"config.yaml": COMMENTED.encode(), "log.csv": b"when,what\nmonday,notes\n",
+             "curves.png": b"my plot", "manifest.json": b'{"mine": 1}',
+             "train_stats.json": b"[1, 2]"}
+    for name, content in users.items():
+        out = shutil.copytree(trained_dir, tmp_path / name, ignore=shutil.ignore_patterns(
+            "checkpoints"))
+        (out / name).write_bytes(content)
+        before = files(out)
+        refused(with_out(prepared, out), f"{out / name}: not a file that xinda train wrote (a "
+                "new run would write over it): choose another train.out_dir")
+        assert files(out) == before
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    (out / "log.csv").write_bytes(b"")  # (empty: nothing to lose, but notes.txt is not train's)
+    refused(with_out(prepared, out), f"{out}: not empty (notes.txt) and not a xinda model "
+            "directory")
+    assert files(out) == {Path("notes.txt"): b"mine", Path("log.csv"): b""}
+
+
+def test_another_experiments_prepared_data_is_refused(prepared, tmp_path):
+    """(c) its manifest.json and spm.model were replaced: the dataset no longer matched its
+    arrays."""
+    other = shutil.copytree(prepared.data.out_dir, tmp_path / "other-bin")
+    before = files(other)
+    refused(with_out(prepared, other), f"{other}: holds a prepared dataset (train.src.ids.npy)")
+    assert files(other) == before
+
+
+def test_new_empty_and_stopped_run_folders_and_resume_still_train(prepared, trained_dir, run,
+                                                                   tmp_path):
+    """A new folder, an empty one, one with only hidden files (the demo's mark), that of a run
+    stopped before its first checkpoint (started over, as before), and ``--resume`` of a run
+    with its own config.yaml as the config read."""
+    empty, hidden, stopped = tmp_path / "empty", tmp_path / "hidden", tmp_path / "stopped"
+    empty.mkdir()
+    hidden.mkdir()
+    (hidden / ".xinda-demo").touch()
+    shutil.copytree(trained_dir, stopped, ignore=shutil.ignore_patterns("checkpoints"))
+    assert {p.name for p in stopped.iterdir()} == {
+        "config.yaml", "manifest.json", "spm.model", "log.csv", "curves.png", "train_stats.json"}
+    for out in (tmp_path / "new" / "model", empty, hidden, stopped):
+        assert Trainer(with_out(prepared, out, max_steps=1)).train().step == 1
+        assert [c.name for c in list_checkpoints(out)] == ["step_0000001.safetensors"]
+    cfg = with_out(prepared, run, max_steps=3)
+    assert Trainer(cfg, config=run / "config.yaml").train(resume=True).step == 3
+
+
+# ------------------------------------------------------------------ B: damaged run files
+def damage_state(run: Path, change) -> Path:
+    meta = state_json(list_checkpoints(run)[-1])
+    document = json.loads(meta.read_text(encoding="utf-8"))
+    change(document)
+    meta.write_text(json.dumps(document), encoding="utf-8")
+    return meta
+
+
+def test_a_log_that_is_not_utf8_is_one_line_on_resume(prepared, run):
+    with (run / "log.csv").open("ab") as f:
+        f.write(b"3,1,0.1,\xff\xfe,,,,,,\n")
+    lines = (run / "log.csv").read_bytes().count(b"\n")
+    before = files(run)
+    refused(with_out(prepared, run, max_steps=4), f"{run / 'log.csv'}: line {lines}: not UTF-8 "
+            "text", "damaged training log", resume=True)
+    assert files(run) == before
+
+
+def test_a_log_with_a_field_that_is_not_a_number_is_one_line_on_resume(prepared, run):
+    """It failed in plot_curves at the first validation."""
+    with (run / "log.csv").open("a", encoding="utf-8") as f:
+        f.write("1,1,0.1,oops,1,1,1,,,\n")
+    before = files(run)
+    refused(with_out(prepared, run, max_steps=4), "log.csv: line ", "train_loss 'oops' is not "
+            "a number", resume=True)
+    assert files(run) == before
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    (lambda d: d["state"]["progress"].update(step="x"), "progress.step is 'x', not a whole"),
+    (lambda d: d["state"].pop("optimizer"), "the training state has no 'optimizer'"),
+    (lambda d: d["state"]["progress"].update(log_window=[1]), "progress.log_window is [1]"),
+    (lambda d: d["state"].update(rng=3), "'rng' is not a random generator state"),
+    (lambda d: d["state"]["progress"].update(shoe_size=3), "progress.shoe_size is not a field"),
+], ids=["step", "no-optimizer", "log-window", "rng", "unknown"])
+def test_a_damaged_checkpoint_state_is_one_line_on_resume(prepared, run, change, fragment):
+    """``"step": "x"`` was a TypeError in curves.py, no "optimizer" a KeyError in trainer.py."""
+    meta = damage_state(run, change)
+    before = files(run)
+    refused(with_out(prepared, run, max_steps=4), f"{meta}: {fragment}", "damaged or edited "
+            "checkpoint", resume=True)
+    assert files(run) == before
+
+
+def test_grow_checks_the_state_before_it_writes(run, tmp_path):
+    """It left a half-written g3/, and a second try was refused "not empty"."""
+    meta = damage_state(run, lambda d: d["state"]["progress"].update(step="x"))
+    with pytest.raises(XindaError, match="progress.step is 'x'"):
+        grow_model_dir(run, 2, tmp_path / "g3")
+    assert not (tmp_path / "g3").exists()
+    damage_state(run, lambda d: d["state"]["progress"].update(step=2))
+    (run / "log.csv").write_bytes(b"step\n\xff\n")
+    with pytest.raises(XindaError, match=r"log.csv: line 2: not UTF-8 text"):
+        grow_model_dir(run, 2, tmp_path / "g3")
+    assert not (tmp_path / "g3").exists()
+    (run / "log.csv").unlink()
+    assert meta.is_file() and grow_model_dir(run, 2, tmp_path / "g3") == tmp_path / "g3"
+
+
+def test_grow_removes_what_it_wrote_when_it_fails(run, tmp_path, monkeypatch):
+    """A failure while writing (here: the checkpoint) leaves no half-written folder; a folder
+    that was there empty stays, empty."""
+    from xinda.train import grow
+
+    def fail(*args, **kwargs):
+        raise XindaError("disk full")
+
+    monkeypatch.setattr(grow.ckpt, "save_checkpoint", fail)
+    for out, kept in ((tmp_path / "new", False), (tmp_path / "empty", True)):
+        if kept:
+            out.mkdir()
+        with pytest.raises(XindaError, match="disk full"):
+            grow_model_dir(run, 2, out)
+        assert out.exists() == kept and not (kept and any(out.iterdir()))
+
+
+# ------------------------------------------------------------------ C: ids outside the vocab
+@pytest.mark.parametrize(("side", "bad"), [("src", 1000000), ("tgt", -3)])
+def test_ids_outside_the_vocabulary_are_refused_before_training(prepared, tmp_path, side, bad):
+    """They were an IndexError in the embedding, once the out_dir had been written."""
+    data = shutil.copytree(prepared.data.out_dir, tmp_path / "bin")
+    array = data / f"train.{side}.ids.npy"
+    ids = np.load(array)
+    ids[len(ids) // 2] = bad
+    np.save(array, ids)
+    out = tmp_path / "model"
+    with pytest.raises(XindaError) as err:
+        Trainer(with_out(prepared, out), data_dir=data).train()
+    assert str(err.value).startswith(f"{array}: holds token id {bad}, outside the vocabulary "
+                                     "of ")
+    assert " pieces (ids 0 to " in str(err.value)
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ D: NaN in the weights
+def test_weights_with_nan_do_not_translate(run):
+    """The reviewer's damage: best.safetensors with its last 4000 bytes 0xFF (a valid header,
+    NaN in output.weight). Before, every translation was empty, exit 0."""
+    best = run / "best.safetensors"
+    shutil.copyfile(list_checkpoints(run)[-1], best)
+    data = bytearray(best.read_bytes())
+    data[-4000:] = b"\xff" * 4000
+    best.write_bytes(bytes(data))
+    with pytest.raises(XindaError) as err:
+        Translator.load(run)
+    message = str(err.value)
+    assert message.startswith(f"{best}: holds NaN or infinite values in ")
+    assert message.endswith(": damaged file?")
