@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -47,6 +49,15 @@ def test_a_full_device_is_named():
     with pytest.raises(XindaError) as err:
         atomic_write_text("/dev/full", "text\n" * 10_000)
     assert str(err.value) == "/dev/full: cannot write: No space left on device"
+
+
+def test_dev_stdout_to_a_pipe_is_written_in_place():
+    """Before: the link /dev/stdout was resolved to /proc/PID/fd/pipe:[N], no such file (found
+    by review: translate -o /dev/stdout | ... failed)."""
+    code = "from xinda.utils import atomic_write_text; atomic_write_text('/dev/stdout', 'hi\\n')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "hi\n", "")
 
 
 def test_a_new_file_gets_the_umasks_permissions_and_an_old_file_keeps_its_own(tmp_path):

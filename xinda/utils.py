@@ -28,8 +28,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     symbolic link is written through (its target is replaced); a device or FIFO that exists
     (``/dev/stdout``, a pipe) is written in place. The file gets the old file's permissions, or
     the umask's. Failures to write are ``XindaError`` naming ``path``."""
-    path = Path(path).resolve() if Path(path).is_symlink() else Path(path)
-    if path.exists() and not path.is_file():
+    path = Path(path)
+    if path.exists() and not path.is_file():  # (/dev/stdout: a link to a pipe, not resolved)
         if path.is_dir():
             raise XindaError(f"{path}: is a directory, not a file")
         try:  # a device or FIFO cannot be replaced atomically
@@ -37,6 +37,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         except OSError as err:  # /dev/full
             raise _write_error(err, path, str(path)) from None
         return
+    path = path.resolve() if path.is_symlink() else path
     with write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -229,7 +229,7 @@ def test_translate_refuses_an_unwritable_output_before_decoding(trained, xinda, 
 
 
 @pytest.mark.parametrize("target", ["input", "prefix", "config.yaml", "best.safetensors",
-                                    "spm.model", "checkpoints/notes.txt"])
+                                    "spm.model", "checkpoints/notes.txt", "link"])
 def test_translate_refuses_to_write_over_its_own_inputs(trained, xinda, one_line_error,
                                                         tmp_path, target):
     """Before: -o the input file or a file of the model folder replaced it (exit 0, the model
@@ -241,14 +241,18 @@ def test_translate_refuses_to_write_over_its_own_inputs(trained, xinda, one_line
     source.write_text("five\n")
     prefixes.write_text("\n")
     out = {"input": source, "prefix": prefixes}.get(target, model / target)
+    if target == "link":  # (found by review: the link's suffix, .txt, was checked)
+        out = tmp_path / "link.txt"
+        out.symlink_to(model / "config.yaml")
     if not out.exists():
         out.write_text("kept\n")
     before = out.read_bytes()
     proc = xinda("translate", model, "-i", source, "--prefix", prefixes, "-o", out, ok=False)
     one_line_error(proc, f"-o {out}: ")
     assert out.read_bytes() == before
-    xinda("translate", model, "-i", source, "-o", model / "test.hyp")
-    assert len((model / "test.hyp").read_text().splitlines()) == 1
+    for new in ("test.hyp", "eval/test.hyp.json"):  # new files (found by review: refused)
+        xinda("translate", model, "-i", source, "-o", model / new)
+        assert len((model / new).read_text().splitlines()) == 1
 
 
 def test_translate_writes_its_output_before_the_attention_plots(trained, xinda, tmp_path):

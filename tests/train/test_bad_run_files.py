@@ -14,22 +14,25 @@ is written (found by a bad-input review):
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from subprocesses import subprocess_env, xinda_command
 
-from xinda.checkpoint import list_checkpoints, state_json
+from xinda.checkpoint import list_checkpoints, load_state, state_json
 from xinda.config import ExperimentConfig
 from xinda.data.prepare import prepare
 from xinda.decode.translator import Translator
 from xinda.demo.numbers import write_demo_corpus
 from xinda.errors import XindaError
 from xinda.train.grow import grow_model_dir
+from xinda.train.saved_state import checked_state
 from xinda.train.trainer import Trainer
 
 
@@ -96,8 +99,8 @@ def test_a_users_commented_config_in_out_dir_is_not_written_over(prepared, tmp_p
     before = files(tmp_path)
     refused(with_out(prepared, tmp_path), f"{tmp_path / 'config.yaml'}: not a file that xinda "
             "train wrote (a new run would write over it)")
-    refused(with_out(prepared, tmp_path), "is train.out_dir's config.yaml",
-            config=tmp_path / "config.yaml")
+    refused(with_out(prepared, tmp_path), f"{tmp_path / 'config.yaml'}: the config file read, "
+            "not a file that xinda train wrote", config=tmp_path / "config.yaml")
     assert files(tmp_path) == before
 
 
@@ -113,23 +116,10 @@ def test_the_cli_refuses_it_on_one_line(prepared, tmp_path):
                           capture_output=True, env=subprocess_env(), timeout=120, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert errors == [("xinda: error: config.yaml: is train.out_dir's config.yaml, which a "
-                       "new run writes over with its own: train with a copy kept elsewhere")]
+    assert errors == [("xinda: error: config.yaml: the config file read, not a file that xinda "
+                       "train wrote (a new run would write over it): choose another "
+                       "train.out_dir (a new or empty folder)")]
     assert files(tmp_path) == before
-
-
-def test_the_config_read_is_not_written_over_even_as_xinda_wrote_it(prepared, trained_dir,
-                                                                       tmp_path):
-    """The folder of a run stopped before its first checkpoint is started over, but not with
-    its own config.yaml as the config read (a --set would be written into it)."""
-    out = tmp_path / "stopped"
-    out.mkdir()
-    for name in ("config.yaml", "manifest.json", "spm.model", "log.csv"):
-        shutil.copyfile(trained_dir / name, out / name)
-    before = files(out)
-    refused(with_out(prepared, out), f"{out / 'config.yaml'}: is train.out_dir's config.yaml, "
-            "which a new run writes over with its own", config=out / "config.yaml")
-    assert files(out) == before
 
 
 def test_a_folder_of_the_users_own_files_is_refused(prepared, trained_dir, tmp_path):
@@ -146,13 +136,6 @@ def test_a_folder_of_the_users_own_files_is_refused(prepared, trained_dir, tmp_p
         refused(with_out(prepared, out), f"{out / name}: not a file that xinda train wrote (a "
                 "new run would write over it): choose another train.out_dir")
         assert files(out) == before
-    out = tmp_path / "notes"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine", encoding="utf-8")
-    (out / "log.csv").write_bytes(b"")  # (empty: nothing to lose, but notes.txt is not train's)
-    refused(with_out(prepared, out), f"{out}: not empty (notes.txt) and not a xinda model "
-            "directory")
-    assert files(out) == {Path("notes.txt"): b"mine", Path("log.csv"): b""}
 
 
 def test_another_experiments_prepared_data_is_refused(prepared, tmp_path):
@@ -166,19 +149,25 @@ def test_another_experiments_prepared_data_is_refused(prepared, tmp_path):
 
 def test_new_empty_and_stopped_run_folders_and_resume_still_train(prepared, trained_dir, run,
                                                                    tmp_path):
-    """A new folder, an empty one, one with only hidden files (the demo's mark), that of a run
-    stopped before its first checkpoint (started over, as before), and ``--resume`` of a run
-    with its own config.yaml as the config read."""
-    empty, hidden, stopped = tmp_path / "empty", tmp_path / "hidden", tmp_path / "stopped"
-    empty.mkdir()
-    hidden.mkdir()
+    """A new folder, an empty one, one with the demo's mark, one with the user's own files of
+    names train does not write (their config under another name, a data folder: found by
+    review), that of a run stopped before its first checkpoint (started over, as before, also
+    from its own config.yaml), and ``--resume`` of a run from its own config.yaml."""
+    empty, hidden, users = tmp_path / "empty", tmp_path / "hidden", tmp_path / "users"
+    stopped = tmp_path / "stopped"
+    for folder in (empty, hidden, users / "data"):
+        folder.mkdir(parents=True)
     (hidden / ".xinda-demo").touch()
+    (users / "exp.yaml").write_text("# mine\n", encoding="utf-8")
+    (users / "data" / "notes.txt").write_text("mine", encoding="utf-8")
     shutil.copytree(trained_dir, stopped, ignore=shutil.ignore_patterns("checkpoints"))
     assert {p.name for p in stopped.iterdir()} == {
         "config.yaml", "manifest.json", "spm.model", "log.csv", "curves.png", "train_stats.json"}
-    for out in (tmp_path / "new" / "model", empty, hidden, stopped):
-        assert Trainer(with_out(prepared, out, max_steps=1)).train().step == 1
+    for out in (tmp_path / "new" / "model", empty, hidden, users, stopped):
+        config = out / "config.yaml" if out == stopped else None
+        assert Trainer(with_out(prepared, out, max_steps=1), config=config).train().step == 1
         assert [c.name for c in list_checkpoints(out)] == ["step_0000001.safetensors"]
+    assert (users / "exp.yaml").read_text(encoding="utf-8") == "# mine\n"
     cfg = with_out(prepared, run, max_steps=3)
     assert Trainer(cfg, config=run / "config.yaml").train(resume=True).step == 3
 
@@ -292,3 +281,17 @@ def test_weights_with_nan_do_not_translate(run):
     message = str(err.value)
     assert message.startswith(f"{best}: holds NaN or infinite values in ")
     assert message.endswith(": damaged file?")
+
+
+def test_an_optimizer_state_for_other_parameters_starts_afresh_with_a_warning(run, caplog):
+    """A run saved by an older xinda whose model had fewer parameters (cosine attention before
+    its key strength) failed to resume with a ValueError traceback (found by review)."""
+    state = load_state(list_checkpoints(run)[-1])
+    sizes = [len(group["params"]) for group in state["optimizer"]["param_groups"]]
+    fitting = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1)) for _ in range(sizes[0])])
+    assert checked_state(state, Path("s.json"), fitting)["optimizer"] is not None
+    other = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1)) for _ in range(sizes[0] + 2)])
+    with caplog.at_level(logging.WARNING, logger="xinda"):
+        assert checked_state(state, Path("s.json"), other)["optimizer"] is None
+    assert f"s.json: its optimizer state is for {sizes} parameters, the model has " \
+           f"[{sizes[0] + 2}]" in caplog.text and "the optimizer starts afresh" in caplog.text

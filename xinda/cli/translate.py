@@ -35,17 +35,21 @@ def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | 
 
 
 def _check_not_an_input(output: Path, inputs: list[Path | None], model_dirs: list[Path]) -> None:
-    for given in inputs:
-        if given is not None and str(given) != "-" and output.exists() and given.exists() \
-                and output.samefile(given):
-            raise XindaError(f"-o {output}: is also an input of the command ({given}); "
-                             "write the translations elsewhere")
+    """Refuse ``output`` where it is (or links to) an input file, or a file that a model
+    folder holds: weights, config, vocabularies, log ... (``MODEL_FILE_SUFFIXES``), or anything
+    in its checkpoints folder. New files of other names in a model folder are fine."""
     from xinda.checkpoint import checkpoint_dir
 
+    target = output.resolve()
+    for given in inputs:
+        if given is not None and target.is_file() and given.is_file() \
+                and target.samefile(given):
+            raise XindaError(f"-o {output}: is also an input of the command ({given}); "
+                             "write the translations elsewhere")
     for model_dir in model_dirs:
-        folders = output.resolve().parents
-        if checkpoint_dir(model_dir).resolve() in folders or (
-                model_dir.resolve() in folders and output.suffix in MODEL_FILE_SUFFIXES):
+        if checkpoint_dir(model_dir).resolve() in target.parents or (
+                target.is_file() and model_dir.resolve() in target.parents
+                and target.suffix in MODEL_FILE_SUFFIXES):
             raise XindaError(f"-o {output}: would replace a file of the model folder "
                              f"{model_dir}; write the translations elsewhere")
 

@@ -3,9 +3,8 @@ change, and the checks of the data against the model, all before anything is wri
 
 * Without ``--resume`` a directory with checkpoints is refused, and so is one holding another
   run's weights (``best``/``averaged.safetensors``) without a checkpoint to continue from.
-  A run starting afresh writes only into a new or empty folder, or one holding nothing but the
-  files of a run stopped before its first checkpoint (``check_new_run_dir``): not into a
-  prepared dataset, a user's files or over the config file it was given.
+  A run starting afresh does not write into a prepared dataset or over a file of its own
+  names that it did not write (a user's commented config.yaml): ``check_new_run_dir``.
 * With it, the run continues update for update. The model may change only in its dropout
   rates: any other change (width, depth, norm position, fusion...) would load the weights into
   another network. The data must be the prepared data the run started on: the same
@@ -108,31 +107,23 @@ def check_output_dir(out: Path, resume: bool, cfg: ExperimentConfig, data_dir: P
 
 def check_new_run_dir(out: Path, config: str | Path | None) -> None:
     """A run starting afresh writes its config.yaml, manifest.json, sentencepiece models,
-    log.csv ... into ``out``: refuse ``out`` if ``config``, the config file read, is one of
-    them, or if it holds a prepared dataset, or anything else than such files as train wrote
-    them (a run stopped before its first checkpoint is started over, as before). Hidden
-    entries (a demo's mark, editor files), and folders or empty files in a file's place, are
-    let be."""
-    mine = out / "config.yaml"
-    if config is not None and mine.is_file() and Path(config).resolve() == mine.resolve():
-        raise XindaError(f"{config}: is train.out_dir's config.yaml, which a new run writes "
-                         "over with its own: train with a copy kept elsewhere")
-    names = sorted(p.name for p in out.iterdir() if p.name[:1] != ".") if out.is_dir() else []
+    log.csv ... into ``out``: refuse ``out`` if it holds a prepared dataset (whose manifest and
+    models these would replace) or a file of such a name that train did not write (a user's
+    commented ``config``, say); a run stopped before its first checkpoint is started over, as
+    before. Other files and folders (the user's own config under another name, a data folder)
+    are let be: nothing writes over them."""
+    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if arrays := [n for n in names if n.endswith((".ids.npy", ".offsets.npy"))]:
         raise XindaError(f"{out}: holds a prepared dataset ({arrays[0]}): a run there would "
                          "replace its manifest.json and sentencepiece model; choose another "
                          "train.out_dir")
-    if foreign := [n for n in names if n not in _RUN_FILES]:
-        raise XindaError(f"{out}: not empty ({', '.join(foreign[:3])}"
-                         f"{', ...' * (len(foreign) > 3)}) and not a xinda model directory: a "
-                         "new run would write there; choose another train.out_dir (a new or "
-                         "empty folder)")
-    for name in names:  # (an empty file holds nothing to lose)
+    for name in (n for n in names if n in _RUN_FILES):  # (an empty file holds nothing to lose)
         path = out / name
         if path.is_file() and path.stat().st_size and not _RUN_FILES[name](path):
-            raise XindaError(f"{path}: not a file that xinda train wrote (a new run would "
-                             "write over it): choose another train.out_dir (a new or empty "
-                             "folder)")
+            read = config is not None and Path(config).resolve() == path.resolve()
+            raise XindaError(f"{path}: {'the config file read, ' * read}not a file that xinda "
+                             "train wrote (a new run would write over it): choose another "
+                             "train.out_dir (a new or empty folder)")
 
 
 def written_by_xinda(config: Path) -> bool:
@@ -171,7 +162,6 @@ _RUN_FILES = {
     "curves.png": lambda p: _starts(p, b"\x89PNG\r\n\x1a\n", b"Matplotlib"),
     "train_stats.json": lambda p: _json_with(p, "steps", "tgt_tokens"),
     **dict.fromkeys(("spm.model", "spm.src.model", "spm.tgt.model"), lambda p: True),
-    "checkpoints": lambda p: False,  # a folder (holding checkpoints, complete or torn: refused)
 }
 
 

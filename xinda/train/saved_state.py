@@ -9,6 +9,7 @@ KeyError deep in the loop, and ``xinda grow`` left a half-written model director
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import torch
@@ -16,16 +17,30 @@ import torch
 from xinda.errors import XindaError
 from xinda.train.progress import Progress
 
+log = logging.getLogger("xinda")
 _KINDS = {"int": (int,), "float": (int, float), "str": (str,)}  # Progress field types
 
 
-def checked_state(state: dict, where: Path) -> dict:
+def checked_state(state: dict, where: Path,
+                  optimizer: torch.optim.Optimizer | None = None) -> dict:
     """``state`` (``checkpoint.load_state``'s) once it holds what resuming and growing read,
-    of the right types; else a XindaError naming ``where`` (its JSON document)."""
+    of the right types; else a XindaError naming ``where`` (its JSON document). An optimizer
+    state for other parameters than ``optimizer``'s is dropped with a warning."""
     if problem := _state_problem(state):
         raise XindaError(f"{where}: {problem}: a damaged or edited checkpoint (delete its "
                          "step_N files to continue from the one before)")
+    if optimizer is not None and state["optimizer"] is not None \
+            and _sizes(state["optimizer"]) != _sizes(optimizer.state_dict()):
+        log.warning("%s: its optimizer state is for %s parameters, the model has %s (saved by "
+                    "an older xinda, whose model had other parameters): the optimizer starts "
+                    "afresh", where, _sizes(state["optimizer"]), _sizes(optimizer.state_dict()))
+        state["optimizer"] = None
     return state
+
+
+def _sizes(optimizer_state: dict) -> list[int]:
+    """The number of parameters of each group of an optimizer's ``state_dict``."""
+    return [len(group.get("params", ())) for group in optimizer_state["param_groups"]]
 
 
 def _state_problem(state) -> str:

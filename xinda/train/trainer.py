@@ -143,7 +143,8 @@ class Trainer:
         if not found:
             log.warning("--resume: no checkpoint in %s, starting from scratch", self.out)
             return None
-        state = checked_state(ckpt.load_state(found[-1]), ckpt.state_json(found[-1]))
+        state = checked_state(ckpt.load_state(found[-1]), ckpt.state_json(found[-1]),
+                              self.optimizer)
         check_batches_per_update(self.out, state, self.ranks.world, self.cfg.train.update_freq)
         ckpt.load_weights(self.model, found[-1])
         if state["optimizer"] is None:
