@@ -24,12 +24,11 @@ import pytest
 import torch
 import yaml
 from subprocesses import subprocess_env, xinda_command
+from tiny_experiment import number_words_experiment
 
 from xinda.checkpoint import list_checkpoints, load_state, state_json
 from xinda.config import ExperimentConfig
-from xinda.data.prepare import prepare
 from xinda.decode.translator import Translator
-from xinda.demo.numbers import write_demo_corpus
 from xinda.errors import XindaError
 from xinda.train.grow import grow_model_dir
 from xinda.train.saved_state import checked_state
@@ -50,19 +49,8 @@ def with_out(cfg: ExperimentConfig, out: Path, **train) -> ExperimentConfig:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> ExperimentConfig:
     """A prepared 20-pair number-words corpus and a tiny Transformer's training config."""
-    root = tmp_path_factory.mktemp("bad-run-files")
-    raw = write_demo_corpus(root / "raw", {"train": 20})
-    cfg = ExperimentConfig.model_validate({
-        "data": {"src_lang": "words", "tgt_lang": "digits", "train": raw["train"],
-                 "out_dir": str(root / "bin"), "vocab_size": 40, "normalize": "none",
-                 "pretok_tgt": "char"},
-        "model": {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
-                  "encoder_layers": 1, "decoder_layers": 1},
-        "train": {"out_dir": str(root / "model"), "progress": False, "device": "cpu",
-                  "precision": "fp32", "max_steps": 2, "keep_heap": False,
-                  "run_validation": False, "threads": 1}})
-    prepare(cfg.data, log=lambda _: None)
-    return cfg
+    return number_words_experiment(tmp_path_factory.mktemp("bad-run-files"), 20,
+                                   max_steps=2, threads=1)
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_experiment import number_words_experiment
 
 from xinda.checkpoint import list_checkpoints, load_state, save_checkpoint
 from xinda.config import ExperimentConfig
-from xinda.data.prepare import prepare
-from xinda.demo.numbers import write_demo_corpus
 from xinda.errors import XindaError
 from xinda.train.trainer import Trainer
 
@@ -59,18 +58,7 @@ def test_a_checkpoint_folder_denying_writes_is_one_line_and_loses_nothing(tmp_pa
 @pytest.fixture
 def cfg(tmp_path, monkeypatch) -> ExperimentConfig:
     """A prepared 20-pair number-words corpus and a tiny Transformer's training config."""
-    raw = write_demo_corpus(tmp_path / "raw", {"train": 20})
-    cfg = ExperimentConfig.model_validate({
-        "data": {"src_lang": "words", "tgt_lang": "digits", "train": raw["train"],
-                 "out_dir": str(tmp_path / "bin"), "vocab_size": 40, "normalize": "none",
-                 "pretok_tgt": "char"},
-        "model": {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
-                  "encoder_layers": 1, "decoder_layers": 1},
-        "train": {"out_dir": str(tmp_path / "model"), "progress": False, "device": "cpu",
-                  "precision": "fp32", "max_steps": 1, "keep_heap": False,
-                  "run_validation": False}})
-    prepare(cfg.data, log=lambda _: None)
-    return cfg
+    return number_words_experiment(tmp_path, 20, max_steps=1)
 
 
 def test_training_into_a_model_dir_denying_writes_is_one_line(cfg, monkeypatch):

@@ -9,11 +9,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_experiment import number_words_experiment
 
 from xinda.config import ExperimentConfig
 from xinda.data.batching import make_batches
-from xinda.data.prepare import prepare
-from xinda.demo.numbers import write_demo_corpus
 from xinda.train import trainer as trainer_module
 from xinda.train.trainer import Trainer
 
@@ -26,18 +25,8 @@ TINY = {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32, "encode
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory) -> ExperimentConfig:
     """A prepared number-words corpus; batches of at most 60 tokens, 2 batches per update."""
-    root = tmp_path_factory.mktemp("update")
-    raw = write_demo_corpus(root / "raw", {"train": 40})
-    cfg = ExperimentConfig.model_validate({
-        "data": {"src_lang": "words", "tgt_lang": "digits", "train": raw["train"],
-                 "out_dir": str(root / "bin"), "vocab_size": 40, "normalize": "none",
-                 "pretok_tgt": "char"},
-        "model": TINY,
-        "train": {"out_dir": str(root / "model"), "progress": False, "device": "cpu",
-                  "precision": "fp32", "max_tokens": 60, "update_freq": 2,
-                  "label_smoothing": 0.1, "keep_heap": False, "run_validation": False}})
-    prepare(cfg.data, log=lambda _: None)
-    return cfg
+    return number_words_experiment(tmp_path_factory.mktemp("update"), 40, TINY, max_tokens=60,
+                                   update_freq=2, label_smoothing=0.1)
 
 
 def reference_gradients(model, group, trainer) -> dict[str, torch.Tensor]:
