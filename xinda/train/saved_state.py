@@ -29,18 +29,15 @@ def checked_state(state: dict, where: Path,
     if problem := _state_problem(state):
         raise XindaError(f"{where}: {problem}: a damaged or edited checkpoint (delete its "
                          "step_N files to continue from the one before)")
-    if optimizer is not None and state["optimizer"] is not None \
-            and _sizes(state["optimizer"]) != _sizes(optimizer.state_dict()):
-        log.warning("%s: its optimizer state is for %s parameters, the model has %s (saved by "
-                    "an older xinda, whose model had other parameters): the optimizer starts "
-                    "afresh", where, _sizes(state["optimizer"]), _sizes(optimizer.state_dict()))
-        state["optimizer"] = None
+    if optimizer is not None and state["optimizer"] is not None:
+        saved = [len(group.get("params", ())) for group in state["optimizer"]["param_groups"]]
+        model = [len(group["params"]) for group in optimizer.param_groups]
+        if saved != model:
+            log.warning("%s: its optimizer state is for %s parameters, the model has %s (saved "
+                        "by an older xinda, whose model had other parameters): the optimizer "
+                        "starts afresh", where, saved, model)
+            state["optimizer"] = None
     return state
-
-
-def _sizes(optimizer_state: dict) -> list[int]:
-    """The number of parameters of each group of an optimizer's ``state_dict``."""
-    return [len(group.get("params", ())) for group in optimizer_state["param_groups"]]
 
 
 def _state_problem(state) -> str:
