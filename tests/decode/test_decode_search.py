@@ -105,9 +105,11 @@ def test_max_lengths_is_a_times_len_plus_b_capped():
 
 @pytest.mark.parametrize("a, b, length, limit", [
     (2.1, 0, 30, 63), (2.1, 10, 50, 115), (1.3, 10, 90, 127), (1.05, 0, 60, 63),
-    (1.3, 10, 7, 19)])  # 1.3 * 7 + 10 = 19.1
+    (1.3, 10, 7, 19),  # 1.3 * 7 + 10 = 19.1
+    (1.9999999, 0, 1, 1), (0.3333333, 5, 1, 5), (2.9999997, 0, 1, 2)])
 def test_max_lengths_of_a_decimal_a_are_the_exact_products_floor(a, b, length, limit):
-    """Before: 1.3 * 90 in binary floating point is 116.99999..., cut to 116 (found by review)."""
+    """Before: 1.3 * 90 in binary floating point is 116.99999..., cut to 116 (found by review);
+    then a 1e-6 tolerance rounded 1.9999999 * 1 up to 2."""
     assert max_lengths(torch.tensor([length]), a, b, 1000).tolist() == [limit]
 
 

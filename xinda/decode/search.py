@@ -13,10 +13,12 @@ and a sentence with no output that satisfies them gets none (greedy: None; beam:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -50,11 +52,16 @@ def coverage_penalty(attention: Tensor, src_keep: Tensor, beta: float) -> float:
 
 
 def max_lengths(src_len: Tensor, a: float, b: int, limit: int) -> Tensor:
-    """Per-sentence output limit floor(a * |x| + b), capped by the model's position table (in
-    floating point, so that a huge ``a`` is the cap, not an integer overflow)."""
-    # a decimal ``a`` has no exact binary form (1.3 * 90 = 116.99999...): the tolerance gives
-    # the exact product's floor, 117
-    return (src_len.double() * a + b + 1e-6).floor().clamp(min=1, max=limit).long()
+    """Per-sentence output limit floor(a * |x| + b), capped by the model's position table.
+
+    ``a`` counts as the decimal it is written as (1.3 * 90 = 117, where binary floating point
+    gives 116.99999...), in exact rational arithmetic, so a huge ``a`` is the cap, not an
+    integer overflow."""
+    if not math.isfinite(a):
+        return torch.full_like(src_len, limit, dtype=torch.long)
+    exact_a = Fraction(repr(float(a)))
+    return torch.tensor([min(limit, max(1, math.floor(exact_a * n + b)))
+                         for n in src_len.tolist()], dtype=torch.long, device=src_len.device)
 
 
 class SearchStopped(Exception):
