@@ -110,6 +110,9 @@ def test_a_model_override_without_a_model_section_changes_the_default_preset(tmp
                           "DLCL never aggregates")),
     ({"arch": "transformer", "encoder_layers": 6, "decoder_layers": 2, "dense": "decoder",
       "dense_every": 3}, "dense_every 3 is more than the layers of 2 decoder"),
+    ({"arch": "transformer", "encoder_layers": 6, "decoder_layers": 1, "dense": "both",
+      "dense_every": 2}, (r"dense_every 2 is more than the layers of 1 decoder: DLCL never "
+                          r"aggregates there \(only the encoder's acts\)")),  # (found by review)
     ({"arch": "rnn", "attention": "none", "attention_style": "gnmt"},
      "attention_style gnmt needs attention"),
     ({"arch": "rnn", "window_d": 3}, "window_d applies only with attention_window local"),
@@ -135,7 +138,7 @@ def test_model_settings_that_do_nothing_are_warned_about(fields, message, config
 @pytest.mark.parametrize("fields", [
     {"arch": "transformer", "encoder_layers": 6, "decoder_layers": 6, "dense": "encoder",
      "dense_every": 6},
-    {"arch": "transformer", "encoder_layers": 6, "decoder_layers": 1, "dense": "both",
+    {"arch": "transformer", "encoder_layers": 6, "decoder_layers": 1, "dense": "encoder",
      "dense_every": 2},  # (a deep encoder, a shallow decoder: DLCL where it can aggregate)
     {"arch": "rnn", "attention_window": "local-p", "window_d": 3},
     {"arch": "rnn", "encoder_layers": 4, "decoder_layers": 4, "residual_from": 3},

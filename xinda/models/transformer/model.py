@@ -119,12 +119,15 @@ class TransformerConfig(ModelConfig):
         return self
 
     def unused_settings(self):
-        layers = {s: getattr(self, f"{s}_layers") for s in ("encoder", "decoder")
-                  if self.uses("dense", s)}  # p > layers never aggregates (connections.py)
-        if layers and self.dense_every > max(layers.values()):
+        dense = [s for s in ("encoder", "decoder") if self.uses("dense", s)]
+        short = {s: getattr(self, f"{s}_layers") for s in dense
+                 if self.dense_every > getattr(self, f"{s}_layers")}  # never aggregates
+        if short:  # (connections.py)
+            where = (" (a plain Transformer)" if len(short) == len(dense) else
+                     f" there (only the {next(s for s in dense if s not in short)}'s acts)")
             yield (f"dense_every {self.dense_every} is more than the layers of "
-                   f"{' and '.join(f'{n} {s}' for s, n in layers.items())}: DLCL never "
-                   "aggregates (a plain Transformer)")
+                   f"{' and '.join(f'{n} {s}' for s, n in short.items())}: DLCL never "
+                   f"aggregates{where}")
 
 
 def sublayer_connection(cfg: TransformerConfig, side: str, index: int,
