@@ -591,7 +591,9 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
     updates = sorted({u for r in rows for u in r.get("updates", [])})
     other = [u for u in updates if u != args.updates]
     title = (f"### {pair}: {args.size}, {args.updates} updates, gate {args.gate}, seeds "
-             f"{args.seeds}; BLEU by source length in {PAIRS[pair]['unit']} (sentences)"
+             f"{args.seeds}"
+             + "".join(f", --set {o}" for o in args.overrides)
+             + f"; BLEU by source length in {PAIRS[pair]['unit']} (sentences)"
              + (f" -- WARNING: some runs trained {other} updates" if other else ""))
     return "\n".join([title, "", *markdown_table(header, body), "", NOTES,
                       *comparisons_markdown(found)])

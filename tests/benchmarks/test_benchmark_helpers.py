@@ -209,7 +209,7 @@ def test_fusion_study_report_only_trains_nothing_and_leaves_unfinished_runs_out(
     assert (base["seeds"], base["bleu_mean"], layer["seeds"], layer["p_vs_baseline"]) == (
         [1, 2], 30.5, [1], [{"ar": 0.5, "bs": 0.25}])
     table = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(
-        size="small", updates=10, gate="elementwise", seeds="1,2"))
+        size="small", updates=10, gate="elementwise", seeds="1,2", overrides=[]))
     assert ("| layer | 10 | 1 | 32.00 (one seed) | +2.00 (seeds 1) | +2.00 (ar 0.5, bs 0.25) | "
             "– |") in table  # one seed: no test over seeds
     assert "two-sided" in table and "WARNING" not in table
@@ -369,13 +369,18 @@ def test_fusion_study_speeds_are_averaged_and_compared_only_within_a_setting(tmp
     assert base["tok_per_s_by_setting"] == {"2 × 1, total": 4616, "1 × 2, median window": 2430}
     assert layer["vs_baseline"] == {"seeds": [1], "bleu_difference": -0.5,
                                     "speed_ratio": round(4451 / 4616, 3)}
-    args = SimpleNamespace(size="small", updates=10, gate="elementwise", seeds="1,2")
+    args = SimpleNamespace(size="small", updates=10, gate="elementwise", seeds="1,2",
+                           overrides=[])
     table = fusion_study.markdown("de-en", [base, layer], args)
+    assert "--set" not in table
     assert "| 4616 (2 × 1, total) / 2430 (1 × 2, median window) |" in table
     assert "| -0.50 (seeds 1) |" in table and "| 0.96× |" in table
     other = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(**{**vars(args),
                                                                          "updates": 20}))
     assert "WARNING: some runs trained [10] updates" in other
+    post = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(**{
+        **vars(args), "overrides": ["model.norm=post", "model.attention_dropout=0"]}))
+    assert "seeds 1,2, --set model.norm=post, --set model.attention_dropout=0;" in post
 
 
 def test_progressive_times_both_arms_to_the_scratch_arms_best_loss_and_flags_an_early_growth():
