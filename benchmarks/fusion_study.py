@@ -28,7 +28,9 @@ Per pair: BLEU mean +- std over seeds, the paired tests of each seed's output ag
 baseline with the same seed (sacrebleu's approximate randomization, two-sided, and its paired
 bootstrap; p per seed) with a t-test of the differences over seeds and, for the paper's claims
 between two fusion systems (``COMPARISONS``), against the other system, BLEU by source-length bucket,
-parameters, tokens/s and the validation curves (drawn in WORKDIR/fusion_study-PAIR-valid.png).
+parameters, tokens/s, the validation curves (drawn in WORKDIR/fusion_study-PAIR-valid.png)
+and, for fusion systems, how much of the fusion the retention gates let through
+(``fusion_gates.py`` on the averaged weights, recorded in each run's result).
 ``--gate-throughput`` instead trains sub-layer fusion with each gate form (elementwise, matrix,
 scalar) and the baseline for ``--updates`` updates and reports parameters and tokens/s.
 Results: WORKDIR/fusion_study.{json,md}. Finished runs (result.json) are reused and
@@ -303,6 +305,7 @@ def run_all(pair: str, pair_dir: Path, systems: list[str], seeds: list[int],
         else:
             result = train_and_score(pair, run_dir, cfg, args.threads, label, args.jobs)
         add_window_speed(run_dir, result)
+        add_gates(pair, run_dir, result)
         keep_finished(run_dir, kept, hyp_name, work)
         return result
 
@@ -394,6 +397,51 @@ def add_window_speed(run_dir: Path, result: dict) -> None:
         (run_dir / "result.json").write_text(json.dumps(result, indent=1))
 
 
+GATE_LINES = 500  # validation pairs the retention gates are measured on
+
+
+def add_gates(pair: str, run_dir: Path, result: dict) -> None:
+    """Give a finished fusion run's result (and its result.json) its retention gates'
+    statistics (``fusion_gates.py``: mean g per fusion point on the first ``GATE_LINES``
+    validation pairs, averaged weights) when it lacks them and this run's weights are still
+    there; kept runs restored without checkpoints go without."""
+    model_dir, cfg = run_dir / "model", result.get("config") or {}
+    if ("gates" in result or cfg.get("model", {}).get("fusion", "none") == "none"
+            or not (model_dir / "averaged.safetensors").exists()
+            or last_logged_step(model_dir) != result.get("updates")
+            or not same_recipe(yaml.safe_load((run_dir / "config.yaml").read_text()), cfg)):
+        return
+    p, out = PAIRS[pair], run_dir / "gates.json"
+    valid = SHARED / p["corpus"] / "valid"
+    timed([sys.executable, str(Path(__file__).with_name("fusion_gates.py")), str(model_dir),
+           "--checkpoint", str(model_dir / "averaged.safetensors"),
+           "--src", str(raw_file(valid, p["src"])), "--tgt", str(raw_file(valid, p["tgt"])),
+           "--lines", str(GATE_LINES), "--json", str(out), *decode_device()],
+          run_dir / "gates.log")
+    result["gates"] = json.loads(out.read_text())["gates"]
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def gate_means(by_seed: dict) -> dict | None:
+    """Mean g and mean cos(current, fusion) per side over fusion points and the seeds that
+    measured them: {"encoder": [g, cos], ...}; None when no seed did."""
+    sides: dict[str, list[list[float]]] = {}
+    for result in by_seed.values():
+        for row in result.get("gates", []):
+            side = row["point"].split()[0]
+            sides.setdefault(side, [[], []])
+            sides[side][0].append(row["mean_g"])
+            sides[side][1].append(row["mean_cos_current_fusion"])
+    return {side: [round(statistics.fmean(g), 3), round(statistics.fmean(c), 3)]
+            for side, (g, c) in sides.items()} or None
+
+
+def gates_cell(means: dict | None) -> str:
+    """'enc 0.48 (cos 0.62) / dec 0.46 (cos 0.35)', '–' without measurements."""
+    return "–" if not means else " / ".join(f"{side[:3]} {g:.2f} (cos {c:.2f})"
+                                            for side, (g, c) in means.items())
+
+
 def run_speed(result: dict) -> float:
     """A run's training tokens/s: the median log window where known, else the total."""
     return result.get("tok_per_s_median_window") or result["tok_per_s"]
@@ -481,6 +529,7 @@ def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
                                                       for r in by_seed.values()), 3),
             "valid_loss_change_last_fifth": [r["valid_loss_change_last_fifth"]
                                              for r in by_seed.values()],
+            "gates": gate_means(by_seed),
             "bleu_by_length": {k: round(statistics.fmean(v), 2) for k, v in buckets.items()}})
     return rows
 
@@ -557,7 +606,11 @@ NOTES = ("BLEU: mean ± sample standard deviation over seeds. Per seed, the syst
          "measured with the same threads × jobs). tok/s: per setting, threads × --jobs (at "
          "most that many runs trained at once). Every run is scored on the average of its "
          "last 5 checkpoints; 'best valid loss' is the minimum of its curve, not necessarily "
-         "that checkpoint's.")
+         "that checkpoint's. 'mean gate g (cos)': per stack, the retention gate's mean g (the "
+         "weight of the fusion in LN((1 - g)·current + g·fusion)) over its fusion points, on "
+         "the first 500 validation pairs, and the mean cosine of the two vectors it mixes "
+         "(benchmarks/fusion_gates.py); over the seeds whose weights were there to measure, "
+         "'–' for the others.")
 
 
 def vs_baseline_cells(r: dict) -> list[str]:
@@ -578,7 +631,7 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
               "Δ (p) vs baseline per seed", "Δ over seeds: mean [95 % CI], p",
               "train tok/s (threads × jobs, how)",
               "tok/s vs baseline", "best valid loss", "valid loss change, last fifth",
-              *(f"BLEU {b}" for b in buckets)]
+              "mean gate g (cos)", *(f"BLEU {b}" for b in buckets)]
     body = [[r["system"], f"{r['params']:,}", ", ".join(map(str, r.get("seeds", []))),
              bleu_cell(r["bleu_mean"], r["bleu_std"]), vs_baseline_cells(r)[0],
              "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"],
@@ -587,7 +640,7 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              " / ".join(f"{v} ({k})" for k, v in r["tok_per_s_by_setting"].items()),
              vs_baseline_cells(r)[1], r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
-             *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
+             gates_cell(r.get("gates")), *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
     updates = sorted({u for r in rows for u in r.get("updates", [])})
     other = [u for u in updates if u != args.updates]
     title = (f"### {pair}: {args.size}, {args.updates} updates, gate {args.gate}, seeds "
