@@ -35,10 +35,11 @@ and, for fusion systems, how much of the fusion the retention gates let through
 scalar) and the baseline for ``--updates`` updates and reports parameters and tokens/s.
 Results: WORKDIR/fusion_study.{json,md}. Finished runs (result.json) are reused and
 interrupted ones resume from their newest checkpoint, so the study can run in parts. A run's
-folder does not name its update count: give a study with another ``--updates`` its own
-``--workdir``. Every finished run is also kept, without its checkpoints, in
-``--keep``/PAIR-SIZE-UPDATES/SYSTEM-seedN.{json,hyp} (its result and test translations, paths
-made portable); a fresh checkout or machine restores runs from there instead of training them
+folder does not name its update count, gate or overrides: give a study with another
+``--updates``, ``--gate`` or ``--set`` its own ``--workdir`` (in the same one it would train
+over the other recipe's runs). Every finished run is also kept, without its checkpoints, in
+``--keep``/PAIR-SIZE-UPDATES[-gate-G][-set-HASH]/SYSTEM-seedN.{json,hyp} (its result and test
+translations, paths made portable); a fresh checkout or machine restores runs from there instead of training them
 again. Commit that folder to carry a CPU study over several sessions. ``--report-only`` writes
 the tables from the finished and kept runs alone, while others are still training: each system
 over the seeds it has (the "seeds" column). On a CPU, two runs at
