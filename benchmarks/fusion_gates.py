@@ -2,7 +2,7 @@
 
     python benchmarks/fusion_gates.py MODEL_DIR --src valid.de --tgt valid.en
         [--checkpoint MODEL_DIR/averaged.safetensors] [--lines 500] [--json OUT.json]
-        [--device cpu]
+        [--device cpu] [--untrained]
 
 The fused input of each fusion point is LN((1 - g)·current + g·fusion) (``RetentionGate``,
 fusion paper eqs. 8-9 and 11-12): g is the weight of the fusion of earlier outputs against the
@@ -12,7 +12,9 @@ mean of g over every position and dimension, its standard deviation, the share o
 0.5, and the mean cosine similarity of the two vectors it mixes. A mean g near 0 says the model
 learned to ignore the fusion there; near 1, to replace the (sub-)layer's output by it; a cosine
 near 1, that the fusion carries little the current output does not (in a pre-norm stack both
-hold the residual stream). Not a test; seconds on a CPU for a small model.
+hold the residual stream). ``--untrained`` measures the same model as training starts it
+(``train.seed``) instead: where the gates started. Not a test; seconds on a CPU for a small
+model.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 from xinda.decode.translator import Translator
+from xinda.models.registry import build_model
 from xinda.models.transformer.connections import InformationFusion, RetentionGate
 from xinda.utils import read_lines
 
@@ -74,7 +77,7 @@ class GateRecorder:
                          "std_g": round(max(squares / n - mean * mean, 0.0) ** 0.5, 4),
                          "share_above_half": round(above / n, 4),
                          "mean_cos_current_fusion": round(cosines / positions, 4),
-                         "positions": positions})
+                         "positions": positions, "values": n})
         return rows
 
 
@@ -97,13 +100,15 @@ def gate_statistics(translator: Translator, src_lines: list[str], tgt_lines: lis
     recorder = GateRecorder()
     if not watch_model(model, recorder):
         raise SystemExit("fusion_gates: the model has no fusion (model.fusion: none)")
+    longest = model.cfg.max_positions  # positions a side may take (BOS/EOS included)
     with torch.inference_mode():
         for src_line, tgt_line in zip(src_lines, tgt_lines):
             src = translator.encode_source(src_line, pieces_in=False)
             tgt = translator.encode_target(tgt_line)
             if src is None or not tgt:
                 continue
-            prev = torch.tensor([[vocab.bos, *tgt]], device=translator.device)
+            # as in training: the source truncated to the positions, the target prefix as well
+            prev = torch.tensor([[vocab.bos, *tgt][:longest]], device=translator.device)
             model(torch.tensor([src], device=translator.device), prev)
     return recorder.summary()
 
@@ -127,8 +132,14 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=500, help="the first N pairs")
     ap.add_argument("--json", type=Path, help="write the rows here as well")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    ap.add_argument("--untrained", action="store_true", help="measure the model freshly "
+                    "initialised instead (the reference the trained gates moved from)")
     args = ap.parse_args()
     translator = Translator.load(args.model_dir, args.checkpoint, device=args.device)
+    if args.untrained:  # the same architecture as it starts training (train.seed's init)
+        torch.manual_seed(translator.cfg.train.seed)
+        translator.model = build_model(translator.model.cfg, translator.model.vocab).to(
+            translator.device).eval()
     src, tgt = (list(islice(read_lines(path), args.lines)) for path in (args.src, args.tgt))
     if len(src) != len(tgt):
         sys.exit(f"fusion_gates: {args.src} and {args.tgt} have {len(src)} and {len(tgt)} of "
@@ -138,6 +149,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"model_dir": str(args.model_dir),
                                          "checkpoint": args.checkpoint, "lines": len(src),
+                                         "untrained": args.untrained,
                                          "gates": rows}, indent=1))
 
 

@@ -404,43 +404,56 @@ GATE_LINES = 500  # validation pairs the retention gates are measured on
 def add_gates(pair: str, run_dir: Path, result: dict) -> None:
     """Give a finished fusion run's result (and its result.json) its retention gates'
     statistics (``fusion_gates.py``: mean g per fusion point on the first ``GATE_LINES``
-    validation pairs, averaged weights) when it lacks them and this run's weights are still
-    there; kept runs restored without checkpoints go without."""
-    model_dir, cfg = run_dir / "model", result.get("config") or {}
+    validation pairs, averaged weights) when it lacks them and this very run's weights are
+    still there (its validation curve is the result's); kept runs restored without
+    checkpoints go without. A failed measurement is said and leaves the result as it was."""
+    model_dir, cfg, config = run_dir / "model", result.get("config") or {}, run_dir / "config.yaml"
     if ("gates" in result or cfg.get("model", {}).get("fusion", "none") == "none"
-            or not (model_dir / "averaged.safetensors").exists()
-            or last_logged_step(model_dir) != result.get("updates")
-            or not same_recipe(yaml.safe_load((run_dir / "config.yaml").read_text()), cfg)):
+            or not (model_dir / "averaged.safetensors").exists() or not config.exists()
+            or not same_recipe(yaml.safe_load(config.read_text()), cfg)
+            or not result.get("valid_curve") or valid_curve(model_dir) != result["valid_curve"]):
         return
     p, out = PAIRS[pair], run_dir / "gates.json"
     valid = SHARED / p["corpus"] / "valid"
-    timed([sys.executable, str(Path(__file__).with_name("fusion_gates.py")), str(model_dir),
+    cmd = [sys.executable, str(Path(__file__).with_name("fusion_gates.py")), str(model_dir),
            "--checkpoint", str(model_dir / "averaged.safetensors"),
            "--src", str(raw_file(valid, p["src"])), "--tgt", str(raw_file(valid, p["tgt"])),
-           "--lines", str(GATE_LINES), "--json", str(out), *decode_device()],
-          run_dir / "gates.log")
+           "--lines", str(GATE_LINES), "--json", str(out), *decode_device()]
+    with open(run_dir / "gates.log", "w") as log:
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if done.returncode:
+        print(f"{run_dir}: measuring the gates failed (see gates.log); left without",
+              flush=True)
+        return
     result["gates"] = json.loads(out.read_text())["gates"]
     (run_dir / "result.json").write_text(json.dumps(result, indent=1))
 
 
 def gate_means(by_seed: dict) -> dict | None:
     """Mean g and mean cos(current, fusion) per side over fusion points and the seeds that
-    measured them: {"encoder": [g, cos], ...}; None when no seed did."""
+    measured them: {"sides": {"encoder": [g, cos], ...}, "seeds": [...]}; None when no seed
+    did."""
     sides: dict[str, list[list[float]]] = {}
-    for result in by_seed.values():
-        for row in result.get("gates", []):
+    seeds = sorted(seed for seed, result in by_seed.items() if result.get("gates"))
+    for seed in seeds:
+        for row in by_seed[seed]["gates"]:
             side = row["point"].split()[0]
             sides.setdefault(side, [[], []])
             sides[side][0].append(row["mean_g"])
             sides[side][1].append(row["mean_cos_current_fusion"])
-    return {side: [round(statistics.fmean(g), 3), round(statistics.fmean(c), 3)]
-            for side, (g, c) in sides.items()} or None
+    if not seeds:
+        return None
+    return {"sides": {side: [statistics.fmean(g), statistics.fmean(c)]
+                      for side, (g, c) in sides.items()}, "seeds": seeds}
 
 
 def gates_cell(means: dict | None) -> str:
-    """'enc 0.48 (cos 0.62) / dec 0.46 (cos 0.35)', '–' without measurements."""
-    return "–" if not means else " / ".join(f"{side[:3]} {g:.2f} (cos {c:.2f})"
-                                            for side, (g, c) in means.items())
+    """'enc 0.48 (cos 0.62) / dec 0.46 (cos 0.35), seeds 2, 3'; '–' without measurements."""
+    if not means:
+        return "–"
+    sides = [f"{side[:3]} {g:.2f} (cos {c:.2f})" for side, (g, c) in means["sides"].items()]
+    return " / ".join(sides) + f", seed{'s' * (len(means['seeds']) > 1)} " + ", ".join(
+        map(str, means["seeds"]))
 
 
 def run_speed(result: dict) -> float:
