@@ -135,10 +135,15 @@ def evaluate(
              "ROUGE, gets a warning first; bleu,chrf is fast on any line)")] = "bleu,chrf,ter",
     lowercase: Annotated[bool, typer.Option(
         help="ignore case (a model trained with data.lowercase writes lowercase)")] = False,
+    baseline: Annotated[Path | None, typer.Option(
+        help="another system's translations of the same sources: each metric but ROUGE also "
+             "compares HYPOTHESES with them (difference, 95 % paired-bootstrap interval, "
+             "two-sided approximate-randomization p)")] = None,
 ) -> None:
     """Score HYPOTHESES against REFERENCES (sacrebleu BLEU, chrF, TER; ROUGE-1/2/L with
-    rouge-score), each score with its signature. TER and ROUGE can take minutes on lines of
-    thousands of words: a warning names the longest line before they start."""
+    rouge-score), each score with its signature; with --baseline, paired significance tests
+    against another system. TER and ROUGE can take minutes on lines of thousands of words: a
+    warning names the longest line before they start."""
     from xinda.evaluate.metrics import (
         bleu_by_length,
         corpus_scores,
@@ -151,12 +156,39 @@ def evaluate(
         raise XindaError("--source is read for --by-length only: add --by-length")
     hyps, refs = read_hyps_refs(hypotheses, references)
     sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
+    base = _baseline_lines(baseline, hypotheses, len(hyps)) if baseline else None
     names = [input_name(hypotheses), *map(str, references)]  # for warnings about long lines
     say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize, lowercase,
                                 names)))
     if sources is not None:
         say(format_length_table(bleu_by_length(sources, hyps, refs, tokenize=tokenize,
                                                lowercase=lowercase)))
+    if base is not None:
+        _say_paired(base, hyps, refs, baseline, metrics, tokenize, lowercase)
+
+
+def _baseline_lines(baseline: Path, hypotheses: Path, n_hyps: int) -> list[str]:
+    """The --baseline lines of ``evaluate``, checked before anything is printed."""
+    from xinda.utils import input_name, read_lines
+
+    lines = list(read_lines(baseline))
+    if len(lines) != n_hyps:
+        raise XindaError(f"{baseline} has {len(lines)} lines but {input_name(hypotheses)} has "
+                         f"{n_hyps}")
+    return lines
+
+
+def _say_paired(base: list[str], hyps: list[str], refs: list[list[str]], baseline: Path,
+                metrics: str, tokenize: str | None, lowercase: bool) -> None:
+    from xinda.evaluate.significance import PAIRED_METRICS, paired_tests
+
+    asked = [m.strip() for m in metrics.split(",")]
+    paired = [m for m in asked if m.lower() in PAIRED_METRICS]
+    say(f"against the baseline {baseline}:")
+    if paired:
+        say(*map(str, paired_tests(base, hyps, refs, paired, tokenize, lowercase)))
+    if len(paired) < len(asked):
+        say("(ROUGE: no paired test)")
 
 
 def _length_sources(source: Path | None, hypotheses: Path, n_hyps: int) -> list[str]:

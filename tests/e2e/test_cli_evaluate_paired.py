@@ -1,0 +1,32 @@
+"""``xinda evaluate --baseline``: paired tests on the command line."""
+
+from __future__ import annotations
+
+
+def write(path, lines):
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_evaluate_compares_with_a_baseline_per_metric(xinda, tmp_path):
+    refs = ["the cat sat on the mat", "a dog runs in the park", "two men play chess"]
+    ref = write(tmp_path / "ref.txt", refs)
+    base = write(tmp_path / "base.txt", ["the cat sat on mat", "a dog run in park",
+                                         "two man play chess"])
+    hyp = write(tmp_path / "hyp.txt", [refs[0], "a dog run in park", refs[2]])
+    out = xinda("evaluate", hyp, ref, "--baseline", base, "--metrics", "bleu,chrf,rouge").stdout
+    lines = out.splitlines()
+    at = lines.index(f"against the baseline {base}:")
+    assert lines[at + 1].startswith("BLEU: ") and " vs baseline " in lines[at + 1]
+    assert lines[at + 2].startswith("chrF2: ")
+    assert "the outputs differ in 2 of 3 sentences" in lines[at + 1]
+    assert lines[at + 3] == "(ROUGE: no paired test)"
+
+
+def test_evaluate_checks_the_baseline_before_printing(xinda, one_line_error, tmp_path):
+    ref = write(tmp_path / "ref.txt", ["a b", "c d"])
+    hyp = write(tmp_path / "hyp.txt", ["a b", "c d"])
+    base = write(tmp_path / "base.txt", ["a b"])
+    proc = xinda("evaluate", hyp, ref, "--baseline", base, ok=False)
+    one_line_error(proc, f"{base} has 1 lines but {hyp} has 2")
+    assert proc.stdout == ""

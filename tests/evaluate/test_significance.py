@@ -1,0 +1,104 @@
+"""Paired significance tests (xinda.evaluate.significance) against exact enumeration, sacreBLEU
+and the symmetries they must have."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
+
+from xinda.errors import XindaError
+from xinda.evaluate.significance import paired_tests
+
+WORDS = ["a", "the", "cat", "dog", "man", "woman", "sits", "runs", "on", "in", "park", "street",
+         "red", "blue", "small", "big"]
+
+
+def corpus(n: int, seed: int, edit: float) -> tuple[list[str], list[str], list[str]]:
+    """References and two systems' outputs: each output word replaced with probability
+    ``edit`` (the system a little better than the baseline)."""
+    rng = random.Random(seed)
+    refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) for _ in range(n)]
+
+    def noisy(p: float) -> list[str]:
+        return [" ".join(w if rng.random() > p else rng.choice(WORDS) for w in r.split())
+                for r in refs]
+    return refs, noisy(edit + 0.1), noisy(edit)
+
+
+def exact_randomization_p(metric, base: list[str], system: list[str], refs: list[str]) -> float:
+    """The exact two-sided p: the share of all 2^n swap patterns whose |difference| is at
+    least the observed one (the quantity approximate randomization estimates)."""
+    def diff(a, b):
+        return abs(metric.corpus_score(b, [refs]).score - metric.corpus_score(a, [refs]).score)
+
+    observed, hits, total = diff(base, system), 0, 0
+    for swap in itertools.product([False, True], repeat=len(refs)):
+        a = [s if k else b for k, b, s in zip(swap, base, system)]
+        b = [b if k else s for k, b, s in zip(swap, base, system)]
+        hits += diff(a, b) >= observed - 1e-9
+        total += 1
+    return hits / total
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_randomization_p_estimates_the_exact_two_sided_p(seed):
+    refs, base, system = corpus(9, seed, 0.2)
+    exact = exact_randomization_p(CHRF(), base, system, refs)
+    [result] = paired_tests(base, system, refs, ["chrf"], trials=20_000, samples=10)
+    assert result.p == pytest.approx(exact, abs=0.012)  # binomial sd at 20k trials < 0.004
+
+
+def test_without_ties_p_is_sacrebleus_paired_ar():
+    """200 sentences, most different: no trial ties, so >= and sacreBLEU's > count alike."""
+    refs, base, system = corpus(200, 3, 0.3)
+    [ours] = paired_tests(base, system, refs, ["bleu"], trials=2000, samples=10)
+    _, scores = PairedTest([("b", base), ("s", system)], {"BLEU": BLEU()}, [refs],
+                           test_type="ar", n_samples=2000)()
+    assert ours.p == pytest.approx(scores["BLEU"][1].p_value)
+    assert (ours.baseline, ours.system) == pytest.approx(
+        (scores["BLEU"][0].score, scores["BLEU"][1].score))
+
+
+@pytest.mark.parametrize("changed", [0, 1])
+def test_identical_outputs_or_one_changed_sentence_are_not_significant(changed):
+    """sacreBLEU's --paired-ar gives both p = 1/(trials + 1), 'significant'; every swap pattern
+    ties with the observed difference here (0, or the one sentence either way round)."""
+    refs, base, _ = corpus(50, 4, 0.3)
+    system = list(base)
+    if changed:
+        system[0] = refs[0]
+    for result in paired_tests(base, system, refs, ["bleu", "ter"], trials=500, samples=200):
+        assert result.p == 1.0 and result.differing == changed
+        if not changed:
+            assert result.ci95 == (0.0, 0.0)
+
+
+def test_the_bootstrap_interval_mirrors_when_the_systems_swap_and_brackets_a_clear_gain():
+    refs, base, system = corpus(150, 5, 0.1)
+    [forward] = paired_tests(base, system, refs, ["bleu"], trials=10, samples=400)
+    [backward] = paired_tests(system, base, refs, ["bleu"], trials=10, samples=400)
+    assert backward.ci95 == pytest.approx((-forward.ci95[1], -forward.ci95[0]))
+    assert forward.difference > 0 and forward.ci95[0] > 0  # a 10-point edit-rate gap
+    assert forward.ci95[0] < forward.difference < forward.ci95[1]
+
+
+def test_a_system_that_is_the_references_wins_every_resample():
+    refs, base, _ = corpus(40, 6, 0.3)
+    [result] = paired_tests(base, refs, refs, ["chrf"], trials=300, samples=300)
+    assert result.system == pytest.approx(100.0) and result.ci95[0] > 0
+    assert result.p == pytest.approx(1 / 301)  # no shuffle reaches the full gap
+    assert "|ar:300|bs:300|seed:12345" in result.signature
+
+
+def test_bad_requests_are_refused():
+    refs, base, system = corpus(5, 7, 0.2)
+    with pytest.raises(XindaError, match="baseline has 4 lines but hypotheses have 5"):
+        paired_tests(base[:4], system, refs)
+    with pytest.raises(XindaError, match="no paired test for 'rouge'"):
+        paired_tests(base, system, refs, ["bleu", "rouge"])
+    with pytest.raises(XindaError, match="at least one trial"):
+        paired_tests(base, system, refs, trials=0)

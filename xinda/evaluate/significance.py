@@ -1,0 +1,133 @@
+"""Paired significance of a system's translations against a baseline's on the same references.
+
+Both tests work on sacreBLEU's sentence statistics (n-gram matches, edit counts: what its own
+``PairedTest`` resamples), read once; a trial only re-adds counts.
+
+- Approximate randomization (Riezler and Maxwell 2005): each trial swaps the two systems'
+  translations of every sentence with probability 1/2; two-sided p = (c + 1) / (R + 1), c the
+  trials whose |difference| is at least the observed one. sacreBLEU's ``--paired-ar`` counts
+  strictly greater ones only (as multeval does): the same p unless trials tie with the observed
+  difference, which they do when the outputs differ in few sentences. It calls identical
+  outputs, or two that differ in one sentence, different at p = 1/(R + 1); here p is 1.
+- Paired bootstrap (Koehn 2004): the test set resampled with replacement; the 95 % percentile
+  interval of the difference system - baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xinda.errors import XindaError
+from xinda.evaluate.metrics import (
+    Refs,
+    _check_lengths,
+    _make_metric,
+    _ref_streams,
+    check_lines,
+    resolve_tokenizer,
+)
+
+AR_TRIALS, BOOTSTRAP_SAMPLES, SEED = 10_000, 1_000, 12345  # sacreBLEU's defaults
+PAIRED_METRICS = ("bleu", "chrf", "chrf++", "ter")  # (ROUGE: not on sacreBLEU's statistics)
+CHUNK_VALUES = 4_000_000  # trials x sentences held at once
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """One metric's paired comparison of a system with a baseline."""
+
+    metric: str  # sacreBLEU's name: "BLEU", "chrF2", "chrF2++", "TER"
+    baseline: float
+    system: float
+    p: float  # approximate randomization, two-sided
+    trials: int
+    ci95: tuple[float, float]  # paired bootstrap interval of system - baseline
+    samples: int
+    differing: int  # sentences the two outputs translate differently
+    sentences: int
+    signature: str  # sacreBLEU's, with the tests' "|ar:R|bs:B|seed:S"
+
+    @property
+    def difference(self) -> float:
+        return self.system - self.baseline
+
+    def __str__(self) -> str:
+        low, high = self.ci95
+        return (f"{self.metric}: {self.system:.2f} vs baseline {self.baseline:.2f}, "
+                f"{self.difference:+.2f} (95 % CI [{low:+.2f}, {high:+.2f}], paired bootstrap); "
+                f"p = {self.p:.4f} (approximate randomization, two-sided); the outputs differ "
+                f"in {self.differing} of {self.sentences} sentences ({self.signature})")
+
+
+def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
+                 metrics: Sequence[str] = ("bleu",), tokenize: str | None = None,
+                 lowercase: bool = False, trials: int = AR_TRIALS,
+                 samples: int = BOOTSTRAP_SAMPLES, seed: int = SEED) -> list[PairedResult]:
+    """``system`` against ``baseline`` (the same sentences, in order) on one or more reference
+    streams, for each of ``metrics`` (``PAIRED_METRICS``), tokenised as ``corpus_scores``
+    tokenises."""
+    baseline, system = check_lines(baseline, "baseline"), check_lines(system, "hypotheses")
+    streams = _ref_streams(refs)
+    _check_lengths(system, streams)
+    if len(baseline) != len(system):
+        raise XindaError(f"baseline has {len(baseline)} lines but hypotheses have "
+                         f"{len(system)}")
+    if trials < 1 or samples < 1:
+        raise XindaError("paired tests need at least one trial and one resample")
+    unknown = [m for m in metrics if m.lower() not in PAIRED_METRICS]
+    if unknown:
+        raise XindaError(f"no paired test for {unknown[0]!r}; choose from "
+                         f"{', '.join(PAIRED_METRICS)}")
+    tokenize = resolve_tokenizer(tokenize, streams)
+    differing = sum(a != b for a, b in zip(baseline, system))
+    results = []
+    for name in metrics:
+        metric = _make_metric(name, tokenize, lowercase)
+        stats = [np.asarray(metric._extract_corpus_statistics(hyps, streams), dtype=np.float64)
+                 for hyps in (baseline, system)]
+        base, sys_ = (metric._aggregate_and_compute(s) for s in stats)
+        signature = f"{metric.get_signature().format()}|ar:{trials}|bs:{samples}|seed:{seed}"
+        results.append(PairedResult(
+            metric=sys_.name, baseline=float(base.score), system=float(sys_.score),
+            p=randomization_p(metric, *stats, trials, seed), trials=trials,
+            ci95=bootstrap_interval(metric, *stats, samples, seed), samples=samples,
+            differing=differing, sentences=len(system), signature=signature))
+    return results
+
+
+def _score(metric, summed: np.ndarray) -> float:
+    """The metric of summed sentence statistics (k,)."""
+    return float(metric._aggregate_and_compute(summed[None]).score)
+
+
+def randomization_p(metric, base: np.ndarray, sys_: np.ndarray, trials: int, seed: int
+                    ) -> float:
+    """Two-sided approximate randomization p over sentence statistics (n, k) of each system:
+    (#{trials with |d*| >= |d|} + 1) / (trials + 1)."""
+    observed = abs(_score(metric, sys_.sum(0)) - _score(metric, base.sum(0)))
+    rng, n, at_least = np.random.default_rng(seed), len(base), 0
+    step = max(1, CHUNK_VALUES // n)
+    for start in range(0, trials, step):
+        swap = rng.integers(2, size=(min(step, trials - start), n), dtype=bool)
+        a, b = swap @ sys_ + ~swap @ base, swap @ base + ~swap @ sys_  # (chunk, k) each
+        d = np.array([abs(_score(metric, x) - _score(metric, y)) for x, y in zip(a, b)])
+        at_least += int((d >= observed - 1e-9).sum())  # a tie counts (the sums are exact)
+    return (at_least + 1) / (trials + 1)
+
+
+def bootstrap_interval(metric, base: np.ndarray, sys_: np.ndarray, samples: int, seed: int
+                       ) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of system - baseline over ``samples`` resamples of
+    the sentences (with replacement, the same resample for both systems)."""
+    rng, n, diffs = np.random.default_rng(seed), len(base), []
+    step = max(1, CHUNK_VALUES // n)
+    for start in range(0, samples, step):
+        picked = rng.integers(n, size=(min(step, samples - start), n))
+        weights = np.stack([np.bincount(row, minlength=n) for row in picked]).astype(np.float64)
+        diffs += [_score(metric, s) - _score(metric, b)
+                  for s, b in zip(weights @ sys_, weights @ base)]
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return float(low), float(high)
