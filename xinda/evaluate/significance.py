@@ -8,7 +8,8 @@ Both tests work on sacreBLEU's sentence statistics (n-gram matches, edit counts:
   trials whose |difference| is at least the observed one. sacreBLEU's ``--paired-ar`` counts
   strictly greater ones only (as multeval does): the same p unless trials tie with the observed
   difference, which they do when the outputs differ in few sentences. It calls identical
-  outputs, or two that differ in one sentence, different at p = 1/(R + 1); here p is 1.
+  outputs, or two that differ in one sentence, different at p = 1/(R + 1) (reported for
+  multeval: jhclark/multeval#5); here p is 1.
 - Paired bootstrap (Koehn 2004): the test set resampled with replacement; the 95 % percentile
   interval of the difference system - baseline.
 """
