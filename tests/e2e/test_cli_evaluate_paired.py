@@ -30,3 +30,15 @@ def test_evaluate_checks_the_baseline_before_printing(xinda, one_line_error, tmp
     proc = xinda("evaluate", hyp, ref, "--baseline", base, ok=False)
     one_line_error(proc, f"{base} has 1 lines but {hyp} has 2")
     assert proc.stdout == ""
+
+
+def test_the_baseline_can_come_from_stdin_but_not_with_the_hypotheses(xinda, one_line_error,
+                                                                      tmp_path):
+    """Before a review: ``--baseline -`` said "-: file not found"."""
+    ref = write(tmp_path / "ref.txt", ["a b c d", "e f g h"])
+    hyp = write(tmp_path / "hyp.txt", ["a b c d", "e f g x"])
+    out = xinda("evaluate", hyp, ref, "--baseline", "-", "--metrics", "ter",
+                input="a b c x\ne f g x\n").stdout
+    assert "against the baseline <stdin>:" in out and "TER (lower is better): " in out
+    proc = xinda("evaluate", "-", ref, "--baseline", "-", input="a\nb\n", ok=False)
+    one_line_error(proc, "--baseline and HYPOTHESES cannot both be read from stdin")

@@ -11,22 +11,25 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
 from xinda.errors import XindaError
+from xinda.evaluate import significance
+from xinda.evaluate.metrics import corpus_scores
 from xinda.evaluate.significance import paired_tests
 
 WORDS = ["a", "the", "cat", "dog", "man", "woman", "sits", "runs", "on", "in", "park", "street",
          "red", "blue", "small", "big"]
 
 
-def corpus(n: int, seed: int, edit: float) -> tuple[list[str], list[str], list[str]]:
-    """References and two systems' outputs: each output word replaced with probability
-    ``edit`` (the system a little better than the baseline)."""
+def corpus(n: int, seed: int, edit: float, gap: float = 0.1
+           ) -> tuple[list[str], list[str], list[str]]:
+    """References, a baseline's and a system's outputs: each system word replaced with
+    probability ``edit``, each baseline word with ``edit + gap``."""
     rng = random.Random(seed)
     refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) for _ in range(n)]
 
     def noisy(p: float) -> list[str]:
         return [" ".join(w if rng.random() > p else rng.choice(WORDS) for w in r.split())
                 for r in refs]
-    return refs, noisy(edit + 0.1), noisy(edit)
+    return refs, noisy(edit + gap), noisy(edit)
 
 
 def exact_randomization_p(metric, base: list[str], system: list[str], refs: list[str]) -> float:
@@ -52,10 +55,16 @@ def test_randomization_p_estimates_the_exact_two_sided_p(seed):
     assert result.p == pytest.approx(exact, abs=0.012)  # binomial sd at 20k trials < 0.004
 
 
-def test_without_ties_p_is_sacrebleus_paired_ar():
-    """200 sentences, most different: no trial ties, so >= and sacreBLEU's > count alike."""
-    refs, base, system = corpus(200, 3, 0.3)
+@pytest.mark.parametrize("chunk", [None, 3000])
+def test_without_ties_p_is_sacrebleus_paired_ar(chunk, monkeypatch):
+    """300 sentences, most different: no trial ties, so >= and sacreBLEU's > count alike; in
+    chunks of trials too (before a review, chunks of 10 trials x 300 sentences drew other
+    random bits than sacreBLEU's one piece: p 0.0403 where it says 0.0433)."""
+    if chunk:
+        monkeypatch.setattr(significance, "CHUNK_VALUES", chunk)
+    refs, base, system = corpus(300, 3, 0.3, gap=0.02)  # p about 0.13: not at the floor
     [ours] = paired_tests(base, system, refs, ["bleu"], trials=2000, samples=10)
+    assert 0.05 < ours.p < 0.5
     _, scores = PairedTest([("b", base), ("s", system)], {"BLEU": BLEU()}, [refs],
                            test_type="ar", n_samples=2000)()
     assert ours.p == pytest.approx(scores["BLEU"][1].p_value)
@@ -102,3 +111,30 @@ def test_bad_requests_are_refused():
         paired_tests(base, system, refs, ["bleu", "rouge"])
     with pytest.raises(XindaError, match="at least one trial"):
         paired_tests(base, system, refs, trials=0)
+    with pytest.raises(XindaError, match="bogus"):  # as corpus_scores (before: accepted)
+        paired_tests(base, system, refs, ["chrf"], tokenize="bogus")
+
+
+@pytest.mark.parametrize("tokenize, lowercase", [(None, False), (None, True), ("intl", False)])
+def test_the_scores_are_corpus_scores_with_the_same_options(tokenize, lowercase):
+    """Three reference streams; the metrics given as on the command line."""
+    refs, base, system = corpus(30, 8, 0.2)
+    streams = [refs, corpus(30, 9, 0.2)[1], [r.upper() for r in refs]]
+    results = paired_tests(base, system, streams, "bleu, chrf++,TER", tokenize, lowercase,
+                           trials=50, samples=50)
+    for hyps, side in ((base, "baseline"), (system, "system")):
+        expected = corpus_scores(hyps, streams, ("bleu", "chrf++", "ter"), tokenize, lowercase)
+        assert [getattr(r, side) for r in results] == pytest.approx([e.score for e in expected])
+    assert [r.metric for r in results] == ["BLEU", "chrF2++", "TER"]
+    assert str(results[2]).startswith("TER (lower is better): ")
+
+
+def test_chinese_is_scored_in_characters_and_case_only_changes_are_not_differences():
+    refs = ["我们今天去公园散步", "他在读一本书", "天气很好"]
+    base = ["我们今天去公园", "他读一本书", "天气不错"]
+    [zh] = paired_tests(base, refs, refs, ["bleu"], trials=50, samples=50)
+    assert zh.system == pytest.approx(100.0) and "tok:zh" in zh.signature
+    words = ["A cat sits", "a dog runs", "two men"]
+    [same] = paired_tests(words, [w.lower() for w in words], words, ["bleu"], lowercase=True,
+                          trials=50, samples=50)
+    assert same.differing == 0 and same.p == 1.0

@@ -168,23 +168,27 @@ def evaluate(
 
 
 def _baseline_lines(baseline: Path, hypotheses: Path, n_hyps: int) -> list[str]:
-    """The --baseline lines of ``evaluate``, checked before anything is printed."""
-    from xinda.utils import input_name, read_lines
+    """The --baseline lines of ``evaluate`` (- for stdin), checked before anything is printed
+    (the hypotheses were read already: stdin cannot give both)."""
+    from xinda.utils import input_name, read_input
 
-    lines = list(read_lines(baseline))
+    if input_name(baseline) == input_name(hypotheses) == "<stdin>":
+        raise XindaError("--baseline and HYPOTHESES cannot both be read from stdin")
+    lines = read_input(baseline)
     if len(lines) != n_hyps:
-        raise XindaError(f"{baseline} has {len(lines)} lines but {input_name(hypotheses)} has "
-                         f"{n_hyps}")
+        raise XindaError(f"{input_name(baseline)} has {len(lines)} lines but "
+                         f"{input_name(hypotheses)} has {n_hyps}")
     return lines
 
 
 def _say_paired(base: list[str], hyps: list[str], refs: list[list[str]], baseline: Path,
                 metrics: str, tokenize: str | None, lowercase: bool) -> None:
     from xinda.evaluate.significance import PAIRED_METRICS, paired_tests
+    from xinda.utils import input_name
 
     asked = [m.strip() for m in metrics.split(",")]
     paired = [m for m in asked if m.lower() in PAIRED_METRICS]
-    say(f"against the baseline {baseline}:")
+    say(f"against the baseline {input_name(baseline)}:")
     if paired:
         say(*map(str, paired_tests(base, hyps, refs, paired, tokenize, lowercase)))
     if len(paired) < len(asked):

@@ -5,26 +5,33 @@ Both tests work on sacreBLEU's sentence statistics (n-gram matches, edit counts:
 
 - Approximate randomization (Riezler and Maxwell 2005): each trial swaps the two systems'
   translations of every sentence with probability 1/2; two-sided p = (c + 1) / (R + 1), c the
-  trials whose |difference| is at least the observed one. sacreBLEU's ``--paired-ar`` counts
-  strictly greater ones only (as multeval does): the same p unless trials tie with the observed
-  difference, which they do when the outputs differ in few sentences. It calls identical
-  outputs, or two that differ in one sentence, different at p = 1/(R + 1) (reported for
-  multeval: jhclark/multeval#5); here p is 1.
+  trials whose |difference| is at least the observed one. The trials are sacreBLEU's
+  ``--paired-ar`` trials (the same seed and draws), but sacreBLEU counts strictly greater
+  differences only (as multeval does): the same p unless trials tie with the observed
+  difference, which they do when the outputs differ in few sentences. With integer statistics
+  (BLEU, chrF, TER on one reference) it calls identical outputs, or two that differ in one
+  sentence, different at p = 1/(R + 1) (reported for multeval: jhclark/multeval#5); here p
+  is 1.
 - Paired bootstrap (Koehn 2004): the test set resampled with replacement; the 95 % percentile
   interval of the difference system - baseline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from xinda.errors import XindaError
+from xinda.evaluate.long_lines import warn_long_lines
 from xinda.evaluate.metrics import (
+    ASIAN_TOKENIZERS,
     Refs,
     _check_lengths,
+    _make_bleu,
     _make_metric,
     _ref_streams,
     check_lines,
@@ -33,7 +40,7 @@ from xinda.evaluate.metrics import (
 
 AR_TRIALS, BOOTSTRAP_SAMPLES, SEED = 10_000, 1_000, 12345  # sacreBLEU's defaults
 PAIRED_METRICS = ("bleu", "chrf", "chrf++", "ter")  # (ROUGE: not on sacreBLEU's statistics)
-CHUNK_VALUES = 4_000_000  # trials x sentences held at once
+CHUNK_VALUES = 4_000_000  # trials x sentences held at once (about)
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,8 @@ class PairedResult:
 
     def __str__(self) -> str:
         low, high = self.ci95
-        return (f"{self.metric}: {self.system:.2f} vs baseline {self.baseline:.2f}, "
+        lower = " (lower is better)" if self.metric.startswith("TER") else ""
+        return (f"{self.metric}{lower}: {self.system:.2f} vs baseline {self.baseline:.2f}, "
                 f"{self.difference:+.2f} (95 % CI [{low:+.2f}, {high:+.2f}], paired bootstrap); "
                 f"p = {self.p:.4f} (approximate randomization, two-sided); the outputs differ "
                 f"in {self.differing} of {self.sentences} sentences ({self.signature})")
@@ -69,7 +77,8 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
                  samples: int = BOOTSTRAP_SAMPLES, seed: int = SEED) -> list[PairedResult]:
     """``system`` against ``baseline`` (the same sentences, in order) on one or more reference
     streams, for each of ``metrics`` (``PAIRED_METRICS``), tokenised as ``corpus_scores``
-    tokenises."""
+    tokenises (and warns, naming the baseline's long lines as ``corpus_scores`` names the
+    others')."""
     baseline, system = check_lines(baseline, "baseline"), check_lines(system, "hypotheses")
     streams = _ref_streams(refs)
     _check_lengths(system, streams)
@@ -78,17 +87,26 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
                          f"{len(system)}")
     if trials < 1 or samples < 1:
         raise XindaError("paired tests need at least one trial and one resample")
+    if isinstance(metrics, str):  # "bleu,chrf", as on the command line
+        metrics = metrics.split(",")
+    metrics = [name.strip() for name in metrics]
     unknown = [m for m in metrics if m.lower() not in PAIRED_METRICS]
     if unknown:
         raise XindaError(f"no paired test for {unknown[0]!r}; choose from "
                          f"{', '.join(PAIRED_METRICS)}")
     tokenize = resolve_tokenizer(tokenize, streams)
-    differing = sum(a != b for a, b in zip(baseline, system))
+    if tokenize is not None:
+        _make_bleu(tokenize)  # an unusable tokenizer is refused, as corpus_scores refuses it
+    same = (str.lower if lowercase else str)  # what the metrics compare
+    differing = sum(same(a) != same(b) for a, b in zip(baseline, system))
     results = []
     for name in metrics:
+        warn_long_lines(name.lower(), [baseline], ["baseline"],
+                        tokenize in ASIAN_TOKENIZERS)
         metric = _make_metric(name, tokenize, lowercase)
-        stats = [np.asarray(metric._extract_corpus_statistics(hyps, streams), dtype=np.float64)
-                 for hyps in (baseline, system)]
+        with _quiet_sacrebleu():  # (its warnings were said when the outputs were scored)
+            stats = [np.asarray(metric._extract_corpus_statistics(hyps, streams),
+                                dtype=np.float64) for hyps in (baseline, system)]
         base, sys_ = (metric._aggregate_and_compute(s) for s in stats)
         signature = f"{metric.get_signature().format()}|ar:{trials}|bs:{samples}|seed:{seed}"
         results.append(PairedResult(
@@ -97,6 +115,23 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
             ci95=bootstrap_interval(metric, *stats, samples, seed), samples=samples,
             differing=differing, sentences=len(system), signature=signature))
     return results
+
+
+@contextmanager
+def _quiet_sacrebleu() -> Iterator[None]:
+    """sacreBLEU's warnings (e.g. about lines ending in " .") off for the block."""
+    logger = logging.getLogger("sacrebleu")
+    level, logger.level = logger.level, logging.ERROR
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _chunk_rows(n: int) -> int:
+    """Trials (or resamples) per chunk of about ``CHUNK_VALUES`` values: a multiple of 32, so
+    that numpy draws the same random bits as in one piece (as sacreBLEU draws them)."""
+    return max(32, CHUNK_VALUES // n // 32 * 32)
 
 
 def _score(metric, summed: np.ndarray) -> float:
@@ -110,12 +145,13 @@ def randomization_p(metric, base: np.ndarray, sys_: np.ndarray, trials: int, see
     (#{trials with |d*| >= |d|} + 1) / (trials + 1)."""
     observed = abs(_score(metric, sys_.sum(0)) - _score(metric, base.sum(0)))
     rng, n, at_least = np.random.default_rng(seed), len(base), 0
-    step = max(1, CHUNK_VALUES // n)
+    step = _chunk_rows(n)
     for start in range(0, trials, step):
         swap = rng.integers(2, size=(min(step, trials - start), n), dtype=bool)
         a, b = swap @ sys_ + ~swap @ base, swap @ base + ~swap @ sys_  # (chunk, k) each
         d = np.array([abs(_score(metric, x) - _score(metric, y)) for x, y in zip(a, b)])
-        at_least += int((d >= observed - 1e-9).sum())  # a tie counts (the sums are exact)
+        # a tie counts (the tolerance: TER's fractional average reference lengths)
+        at_least += int((d >= observed - 1e-9).sum())
     return (at_least + 1) / (trials + 1)
 
 
@@ -124,7 +160,7 @@ def bootstrap_interval(metric, base: np.ndarray, sys_: np.ndarray, samples: int,
     """The 2.5th and 97.5th percentiles of system - baseline over ``samples`` resamples of
     the sentences (with replacement, the same resample for both systems)."""
     rng, n, diffs = np.random.default_rng(seed), len(base), []
-    step = max(1, CHUNK_VALUES // n)
+    step = _chunk_rows(n)
     for start in range(0, samples, step):
         picked = rng.integers(n, size=(min(step, samples - start), n))
         weights = np.stack([np.bincount(row, minlength=n) for row in picked]).astype(np.float64)
