@@ -104,7 +104,7 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
         warn_long_lines(name.lower(), [baseline], ["baseline"],
                         tokenize in ASIAN_TOKENIZERS)
         metric = _make_metric(name, tokenize, lowercase)
-        with _quiet_sacrebleu():  # (its warnings were said when the outputs were scored)
+        with _quiet_sacrebleu():
             stats = [np.asarray(metric._extract_corpus_statistics(hyps, streams),
                                 dtype=np.float64) for hyps in (baseline, system)]
         base, sys_ = (metric._aggregate_and_compute(s) for s in stats)
@@ -119,9 +119,11 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
 
 @contextmanager
 def _quiet_sacrebleu() -> Iterator[None]:
-    """sacreBLEU's warnings (e.g. about lines ending in " .") off for the block."""
+    """sacreBLEU's warnings (e.g. about lines ending in " .") off for the block: the
+    statistics are read again after ``corpus_scores`` read (and warned about) them."""
     logger = logging.getLogger("sacrebleu")
-    level, logger.level = logger.level, logging.ERROR
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
