@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from xinda.decode.translator import Translator
+from xinda.errors import XindaError
 from xinda.models.registry import build_model
 from xinda.models.transformer.connections import InformationFusion, RetentionGate
 from xinda.utils import read_lines
@@ -154,4 +155,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except XindaError as e:  # a missing model folder or file, unreadable text: one line
+        sys.exit(f"fusion_gates: {e}")

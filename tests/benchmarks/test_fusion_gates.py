@@ -177,3 +177,16 @@ def test_a_failed_measurement_leaves_the_result_as_it_was(finished_fusion_run, c
     assert len(run.calls) == 1 and "gates" not in run.result
     assert "measuring the gates failed" in capsys.readouterr().out
     assert "gates" not in json.loads((run.run_dir / "result.json").read_text())
+
+
+def test_the_script_refuses_a_missing_model_folder_in_one_line(tmp_path):
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "fusion_gates.py"
+    text = tmp_path / "t.txt"
+    text.write_text("a\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "none"), "--src",
+                           str(text), "--tgt", str(text)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == f"fusion_gates: {tmp_path / 'none'}: model directory not found"
