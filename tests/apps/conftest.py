@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-# poetry-couplets: traditional characters, space-separated; 乾坤 is kept to show that the
-# characters are converted one by one (OpenCC's phrase table would keep 乾坤)
+# poetry-couplets: traditional characters, space-separated; 乾坤 shows that lines are
+# converted whole, by OpenCC's phrase table (one character at a time, 乾 would become 干)
 COUPLETS = {
     "train": [("宏 規 則 天 地", "書 引 藤 爲 架"), ("乾 坤 資 化 育", "風 雨 見 經 綸")],
     "valid": [("兩 岸 猿 聲 啼", "千 里 江 陵 還")],

@@ -78,10 +78,10 @@ first_lines = st.lists(st.sampled_from(HAN + "，"), min_size=1, max_size=9).map
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ups=st.lists(first_lines, min_size=1, max_size=3), no_copy=st.booleans(),
-       tone=st.booleans())
-def test_every_second_line_obeys_the_couplet_rules(translator, ups, no_copy, tone):
+       tone=st.booleans(), batch_size=st.sampled_from([1, 2, 64]))
+def test_every_second_line_obeys_the_couplet_rules(translator, ups, no_copy, tone, batch_size):
     for up, nbest in zip(ups, write_couplets(translator, ups, nbest=2, no_copy=no_copy,
-                                             tone=tone)):
+                                             tone=tone, batch_size=batch_size)):
         for out in nbest:
             assert out.error is None, (up, out)
             down = out.text
@@ -159,10 +159,43 @@ def test_every_poem_has_the_layout_and_the_acrostic(translator, form, acrostic):
     (PoemPrompt(), "give keywords or an acrostic"),
     (PoemPrompt(acrostic="龘"), "'龘' is not a character this model can write"),
     (PoemPrompt(acrostic="春夏秋"), "rhyme rule ties line 4 to line 2"),  # before: ignored
+    # before: a string was split into characters (its space a keyword), the rest a TypeError
+    (PoemPrompt(keywords="春风 江月"), r"a tuple of words, got str \(split_keywords"),
+    (PoemPrompt(keywords=("春风", 3)), "keyword 2 must be a word, got 3"),
+    (PoemPrompt(keywords=("", "春风")), "keyword 1 must be a word"),  # before: no keyword
+    (PoemPrompt(keywords=("春",), form=5.0), "form must be 5 or 7, got 5.0"),  # a TypeError
+    (PoemPrompt(keywords=("春",), form=True), "form must be 5 or 7, got True"),
+    # 128 lines of 8 positions: more than the position table; before: "the search found no
+    # output that satisfies the constraints", naming neither the prompt nor the cause
+    (PoemPrompt(("春",), acrostic="春夏秋冬" * 32),
+     "prompt 1: the output takes at least 1024 tokens; the model writes at most 1023"),
 ])
 def test_bad_poem_prompts_are_one_line_errors(translator, prompt, message):
     with pytest.raises(XindaError, match=message):
         write_poems(translator, [prompt], rhyme="rhyme" in message)
+
+
+def test_prompts_are_a_list_of_poem_prompts(translator):
+    with pytest.raises(XindaError, match="prompt 2: expected a PoemPrompt, got str"):
+        write_poems(translator, [PoemPrompt(("春",)), "春风"])  # before: AttributeError
+    prompts = (PoemPrompt(("春",), form) for form in (5, 7))  # before: len() of a generator
+    assert [len(poem.text) for [poem] in write_poems(translator, prompts)] == [24, 32]
+
+
+def test_a_source_the_model_would_cut_is_refused(translator):
+    """Before: a first line past decode.max_input_len was cut (a warning) and its second line,
+    as long as the whole first line, written from a part of it."""
+    limit = translator.source_limit(translator.cfg.decode)
+    with pytest.raises(XindaError, match=f"first line 2 of {limit + 1} tokens; the model "
+                       f"reads at most {limit} .decode.max_input_len."):
+        write_couplets(translator, ["春风", "春" * (limit + 1)])
+    source = PoemPrompt(("春" * limit,)).source()
+    size = len(translator.source_ids(source, False))
+    with pytest.raises(XindaError, match=f"prompt 1: the source of {size} tokens; the model "
+                       f"reads at most {limit} "):
+        write_poems(translator, [PoemPrompt(("春" * limit,))])
+    [[out]] = write_couplets(translator, ["春" * limit], max_len_b=2 * limit + 1)
+    assert len(out.text) == limit
 
 
 def test_odd_poems_end_with_a_full_stop():

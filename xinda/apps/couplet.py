@@ -1,8 +1,8 @@
 """Couplets (对联): given the first line (上联), write the second (下联).
 
 The rules a second line follows. The metrics of ``xinda.evaluate.generation`` check, and
-constrained decoding enforces, 1, 4 and the final tones of 3 (with ``--tone``); parallelism (2)
-and the tones inside the lines are left to the model:
+constrained decoding enforces, 1, the repetition pattern of 4 and the final tones of 3 (with
+``--tone``); parallelism (2) and the tones inside the lines are left to the model:
 
 1. Equal length (字数相等): as many characters as the first line, with any punctuation at the
    same positions.
@@ -11,8 +11,9 @@ and the tones inside the lines are left to the model:
 3. Tones (平仄): the first line ends on an oblique tone (仄) and the second on a level tone (平)
    (上仄下平); within the lines, tones at corresponding positions are opposed.
 4. Repetition (重字): the second line repeats characters exactly where the first does
-   (``repetition_pattern``: 一心一意 -> 三番三次), and otherwise does not reuse the first
-   line's character at the same position (不同位重字).
+   (``repetition_pattern``: 一心一意 -> 三番三次; enforced). It should not reuse the first
+   line's characters: at the same position only ``--no-copy`` forbids it (the "copy" metric
+   counts it); at other positions (不同位重字) nothing enforces or counts it.
 
 Data (``write_couplet_corpus``): no couplet training set could be obtained (see SOURCES.md), so
 train/valid/test are the parallel middle couplets (颔联, 颈联) of Tang and Song regulated verse

@@ -34,15 +34,27 @@ class PoemPrompt:
     acrostic: str = ""  # 藏头: the first character of each line (then as many lines)
 
     def check(self, where: str) -> None:
-        if self.form not in FORMS:
+        if type(self.form) is not int or self.form not in FORMS:  # (5.0 and True are not)
             raise XindaError(f"{where}: form must be {' or '.join(map(str, FORMS))}, "
                              f"got {self.form!r}")
+        if isinstance(self.keywords, str) or not isinstance(self.keywords, (tuple, list)):
+            hint = (f" (split_keywords({self.keywords!r}) splits one string)"
+                    if isinstance(self.keywords, str) else "")
+            raise XindaError(f"{where}: keywords must be a tuple of words, got "
+                             f"{type(self.keywords).__name__}{hint}")
+        for k, word in enumerate(self.keywords, start=1):
+            if not isinstance(word, str) or not visible_text(word).strip():
+                raise XindaError(f"{where}: keyword {k} must be a word, got {word!r}")
         bad = [ch for ch in self.acrostic if not is_han(ch)]
         if bad:
             raise XindaError(f"{where}: acrostic characters must be Han characters, got "
                              f"{''.join(bad)!r}")
         if not self.keywords and not self.acrostic:
             raise XindaError(f"{where}: give keywords or an acrostic")
+
+    def length(self) -> int:
+        """The poem's characters, punctuation included (``template``)."""
+        return template(self.form, len(self.acrostic) or 4)[1]
 
     def source(self) -> str:
         """The source line the model reads: the form word, then the keywords (or, without
@@ -81,6 +93,28 @@ def as_written(text: str, table: CharacterTable) -> str:
     return "".join(map(written, text))
 
 
+def check_source_fits(translator: Translator, source: str, where: str,
+                      options: dict | None = None) -> None:
+    """A XindaError unless the model reads ``source`` whole: a cut source would give a second
+    line as long as the whole first line written from a part of it, a poem without its last
+    keywords. ``options``: decode settings (``decode.max_input_len``)."""
+    dec = translator.decode_settings(dict(options or {}))
+    limit = translator.source_limit(dec)
+    if (size := len(translator.source_ids(source, False, where))) > limit:
+        named = ("decode.max_input_len" if limit == dec.max_input_len
+                 else "the model's position table")
+        raise XindaError(f"{where} of {size} tokens; the model reads at most {limit} "
+                         f"({named}): give a shorter one")
+
+
+def check_output_fits(translator: Translator, length: int, where: str) -> None:
+    """A XindaError unless the model can write an output of ``length`` characters (a token
+    each at least; before, the search found none and said only that)."""
+    if length > (writes := translator.model.cfg.max_positions - 1):
+        raise XindaError(f"{where}: the output takes at least {length} tokens; the model "
+                         f"writes at most {writes} (its position table)")
+
+
 def _check_characters(translator: Translator) -> None:
     """The rules count output tokens as characters: the model's targets must have been
     pre-tokenised into characters."""
@@ -105,6 +139,8 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
         if not is_first_line(line):
             raise XindaError(f"first line {i} is empty (or control characters or punctuation "
                              "only): a couplet needs a first line")
+        check_source_fits(translator, line, f"first line {i}", options)
+        check_output_fits(translator, len(line), f"first line {i}")
     rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
     _room_for(rules, len(lines), options)
     _beam_search(translator, options, nbest)
@@ -159,10 +195,16 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
     _check_characters(translator)
     table = CharacterTable.of(translator.tgt_vocab)
     sources, layouts, lengths, heads = [], [], [], []
-    if isinstance(prompts, PoemPrompt):
-        raise XindaError("prompts: expected a list of PoemPrompt, got one (wrap it: [prompt])")
+    if isinstance(prompts, PoemPrompt) or not hasattr(prompts, "__iter__"):
+        raise XindaError(f"prompts: expected a list of PoemPrompt, got "
+                         f"{type(prompts).__name__} (wrap one prompt in a list: [prompt])")
+    prompts = list(prompts)
     for i, given in enumerate(prompts, start=1):
+        if not isinstance(given, PoemPrompt):
+            raise XindaError(f"prompt {i}: expected a PoemPrompt, got {type(given).__name__}")
         prompt = read_prompt(given, table, f"prompt {i}", rhyme)
+        check_source_fits(translator, prompt.source(), f"prompt {i}: the source", options)
+        check_output_fits(translator, prompt.length(), f"prompt {i}")
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
         layouts.append({pos: table.check(mark, "punctuation mark") for pos, mark in
                         marks.items()})

@@ -27,7 +27,14 @@ from pydantic import BaseModel
 from starlette.routing import Route
 
 from xinda import __version__
-from xinda.apps.generate import PoemPrompt, first_line_characters, is_first_line, read_prompt
+from xinda.apps.generate import (
+    PoemPrompt,
+    check_output_fits,
+    check_source_fits,
+    first_line_characters,
+    is_first_line,
+    read_prompt,
+)
 from xinda.apps.rules import CharacterTable
 from xinda.decode.options import BEAM_ONLY, SAMPLING_ONLY
 from xinda.errors import XindaError
@@ -141,19 +148,17 @@ class Service:
             if prefix:
                 model.translator.prefix_ids(f"constraints.prefix[{i}]", prefix, False)
 
-    def check_sources(self, model: ServedModel, sources: Sequence[str], what: str) -> None:
-        """Refuse a source longer than the model reads: it would be cut (a couplet's second
-        line, as long as the whole first line, written from a part of it; a poem written
-        without its last keywords). ``what``: how an error names source i."""
-        translator = model.translator
-        dec = translator.cfg.decode
-        limit = translator.source_limit(dec)
-        where = ("decode.max_input_len" if limit == dec.max_input_len
-                 else "the model's position table")
-        for i, source in enumerate(sources):
-            if (size := len(translator.source_ids(source, False))) > limit:
-                raise ApiError(422, "text_too_long", f"{what.format(i=i)} of {size} tokens; "
-                               f"the model reads at most {limit} ({where}): send a shorter one")
+    def check_fits(self, model: ServedModel, sources: Sequence[str], lengths: Sequence[int],
+                   what: str, output: str) -> None:
+        """Refuse a source the model cannot read whole or an output of ``lengths[i]``
+        characters it cannot write (``check_source_fits``, ``check_output_fits``). ``what``,
+        ``output``: how an error names source i, output i."""
+        try:
+            for i, (source, length) in enumerate(zip(sources, lengths, strict=True)):
+                check_source_fits(model.translator, source, what.format(i=i))
+                check_output_fits(model.translator, length, output.format(i=i))
+        except XindaError as err:
+            raise ApiError(422, "text_too_long", str(err)) from None
 
     async def run(self, request: Request, model: ServedModel, kind: str, options: dict,
                   inputs: Sequence[Any], alone: bool = False) -> list:
@@ -269,7 +274,8 @@ def routes(svc: Service) -> APIRouter:
                 raise ApiError(422, "invalid_request", f"text[{i}]: empty (or invisible "
                                "characters or punctuation only): a couplet needs a first line")
         firsts = [first_line_characters(text) for text in texts]  # what write_couplets reads
-        await asyncio.to_thread(svc.check_sources, model, firsts, "text[{i}]: a first line")
+        await asyncio.to_thread(svc.check_fits, model, firsts, [len(f) for f in firsts],
+                                "text[{i}]: a first line", "text[{i}]")
         options = {"nbest": req.n_best, "no_copy": req.no_copy, "tone": req.tone}
         outputs = await svc.run(request, model, "couplet", given(options), texts)
         return JSONResponse({"model": model.name, "couplets": [
@@ -287,8 +293,8 @@ def routes(svc: Service) -> APIRouter:
         svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)  # words' count
         table = await asyncio.to_thread(CharacterTable.of, model.translator.tgt_vocab)
         read_prompt(prompt, table, "poem", req.rhyme)  # here, not failing a batch of others
-        await asyncio.to_thread(svc.check_sources, model, [prompt.source()],
-                                "keywords: the source (form word and keywords)")
+        await asyncio.to_thread(svc.check_fits, model, [prompt.source()], [prompt.length()],
+                                "keywords: the source (form word and keywords)", "poem")
         options = given({"nbest": req.n_best, "rhyme": req.rhyme})
         [outputs] = await svc.run(request, model, "poem", options, [prompt])
         poems, error = tasks.poem_json(outputs)
