@@ -169,3 +169,19 @@ def test_a_manifest_without_vocab_sizes_skips_the_check(data, small_model):
     shutil.copy(small_model, data / "spm.model")
     edit_manifest(data, lambda m: m.pop("vocab_sizes"))
     assert load_vocabularies(data).src.pieces == load_vocabularies(small_model.parent).src.pieces
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda m: m["text"]["src"].update(pretok="mosess"), "text.src: pretok must be one of"),
+    (lambda m: m["text"].update(src={"normalize": "NFKC"}), "text.src: "),
+    (lambda m: m["text"].update(tgt="moses"), "text.tgt should be a dict, got 'moses'"),
+    (lambda m: m["spm"].pop("tgt"), "spm.tgt should be a str, got None"),
+    (lambda m: m.update(spm=["spm.model"]), "spm.src should be a str"),
+    (lambda m: m.update(joint_vocab="yes"), "joint_vocab should be a bool"),
+])
+def test_a_damaged_manifest_is_one_line(data, edit, message):
+    """Before: a ValueError, TypeError or KeyError from deep inside the readers, which the
+    command line printed as a traceback (found by review)."""
+    edit_manifest(data, edit)
+    assert message in error(load_vocabularies, data)
+    assert "invalid manifest" in error(load_vocabularies, data)

@@ -40,7 +40,22 @@ def load_manifest(data_dir: str | Path) -> dict:
     if version != FORMAT_VERSION:
         raise XindaError(f"{path}: unsupported format_version {version} "
                          f"(expected {FORMAT_VERSION}); re-run xinda prepare")
+    _check_shape(path, manifest)
     return manifest
+
+
+def _check_shape(path: Path, manifest: dict) -> None:
+    """The entries the readers use have their types (a damaged manifest: one line, not a
+    traceback from deep inside them)."""
+    expected = {"spm.src": str, "spm.tgt": str, "text.src": dict, "text.tgt": dict,
+                "splits": dict, "joint_vocab": bool}
+    for key, kind in expected.items():
+        value = manifest
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if not isinstance(value, kind):
+            raise XindaError(f"{path}: invalid manifest ({key} should be a "
+                             f"{kind.__name__}, got {value!r:.60}); re-run xinda prepare")
 
 
 def data_fingerprint(data_dir: str | Path, manifest: dict) -> str:
@@ -124,12 +139,20 @@ def _side_vocab(directory: Path, manifest: dict, side: str) -> Vocab:
     return vocab
 
 
+def _text_pipeline(directory: Path, manifest: dict, side: str) -> TextPipeline:
+    try:
+        return TextPipeline(**manifest["text"][side])
+    except (TypeError, ValueError) as err:
+        raise XindaError(f"{directory / MANIFEST}: invalid manifest (text.{side}: {err}); "
+                         "re-run xinda prepare") from None
+
+
 def load_vocabularies(directory: str | Path, manifest: dict | None = None) -> Vocabularies:
     """Manifest -> text pipelines and vocabularies of a data or model directory (``manifest``:
     the directory's manifest when the caller has already read it)."""
     directory = Path(directory)
     manifest = load_manifest(directory) if manifest is None else manifest
     vocab = {side: _side_vocab(directory, manifest, side) for side in SIDES}
-    text = {side: TextPipeline(**manifest["text"][side]) for side in SIDES}
+    text = {side: _text_pipeline(directory, manifest, side) for side in SIDES}
     return Vocabularies(text["src"], text["tgt"], vocab["src"], vocab["tgt"],
                         manifest["joint_vocab"])
