@@ -258,6 +258,19 @@ def test_small_corpus_warns_about_vocab_size(tmp_path):
     assert saved["vocab_sizes"] == {"src": n, "tgt": n}
 
 
+@pytest.mark.parametrize("byte_fallback", [False, True])
+def test_a_vocabulary_too_small_for_the_characters_names_xindas_settings(tmp_path,
+                                                                         byte_fallback):
+    """Before: "or set data.byte_fallback" also when it was set (found by review)."""
+    chinese = ["".join(chr(0x4E00 + (i * 37 + j) % 500) for j in range(8)) for i in range(80)]
+    cfg = config(tmp_path, train=corpus(tmp_path, "train", chinese, chinese), vocab_size=60,
+                 byte_fallback=byte_fallback)
+    message = prepare_error(cfg)
+    assert "Increase data.vocab_size" in message and "(data.character_coverage)" in message
+    assert ("or set data.byte_fallback" in message) is not byte_fallback
+    assert ("256 byte pieces count too" in message) is byte_fallback
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_sentencepiece_sample_holds_only_pairs_that_are_kept(tmp_path, seed):
     """Before: pairs with an empty side took sample slots, and at seeds 1 and 3 the sample of
@@ -486,3 +499,28 @@ def test_unknown_characters_of_valid_and_test_sets_are_counted(tmp_path):
     assert manifest["splits"]["valid"]["unk"] == {"src": 0, "tgt": 1}
     assert manifest["splits"]["test"]["unk"]["src"] >= 1
     assert "valid: 2 pairs (not filtered; <unk> pieces: 0 source, 1 target)" in logged
+
+
+def test_a_lock_file_its_holder_removed_before_we_locked_it_is_not_our_lock(tmp_path,
+                                                                           monkeypatch):
+    """A prepare that opened the lock file just before its holder finished and removed it
+    would lock the removed file, while a third locked a new one: two writers (found by
+    review). It locks the file at the path instead."""
+    import fcntl
+
+    from xinda.data import lock
+
+    path, real_flock, calls = tmp_path / ".lock", fcntl.flock, []
+
+    def flock(handle, operation):
+        if not calls:  # between our open and our lock, the holder finishes
+            path.unlink()
+        calls.append(operation)
+        return real_flock(handle, operation)
+
+    monkeypatch.setattr(lock.fcntl, "flock", flock)
+    with lock.locked(path, "held: {path}"):
+        assert len(calls) == 2 and path.exists()
+        with open(path) as other, pytest.raises(BlockingIOError):  # a third process's try
+            real_flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert not path.exists()

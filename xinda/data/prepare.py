@@ -38,14 +38,13 @@ is also logged as a warning.
 
 The training corpus is streamed (``xinda.data.train_stream``): sentencepiece trains on a seeded
 sample of ``data.spm_sample`` pairs (the whole corpus, in order, when it is smaller) and the
-arrays grow chunk by chunk, so memory does not grow with the corpus (except for the 16-byte
-deduplication digest per distinct pair, see ``xinda.data.filtering``). Valid and test sets are
+arrays grow chunk by chunk, so memory does not grow with the corpus (except for the
+deduplication digest, about 100 bytes per distinct pair, see ``xinda.data.filtering``). Valid and test sets are
 small and read whole. The output does not depend on ``data.chunk_size`` or ``data.workers``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
@@ -64,6 +63,7 @@ from xinda.data.filtering import (
     format_report,
     truncated_note,
 )
+from xinda.data.lock import locked
 from xinda.data.manifest import FORMAT_VERSION, MANIFEST, SIDES
 from xinda.data.stream import (
     Pair,
@@ -91,6 +91,8 @@ from xinda.utils import (
 )
 
 LOCK = ".prepare.lock"  # held in data.out_dir while a prepare writes it
+LOCKED = ("{path.parent}: another xinda prepare is writing this folder (it holds {path.name}); "
+          "wait for it or choose another data.out_dir")
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -121,13 +123,15 @@ def _split_prefixes(cfg: DataConfig) -> dict[str, str]:
 # ---------------------------------------------------------------- sentencepiece
 
 
-def _spm_error(err: Exception) -> str:
-    """sentencepiece's one-line message without its source-location prefix."""
+def _spm_error(err: Exception, byte_fallback: bool) -> str:
+    """sentencepiece's one-line message without its source-location prefix, in xinda's
+    setting names."""
     msg = " ".join(str(err).split())
     msg = msg.split("] ", 1)[1] if "] " in msg else msg
+    hint = ("(data.character_coverage); data.byte_fallback's 256 byte pieces count too"
+            if byte_fallback else "(data.character_coverage), or set data.byte_fallback")
     return msg.replace("Increase vocab_size", "Increase data.vocab_size").replace(
-        "with --character_coverage option", "(data.character_coverage), or set "
-        "data.byte_fallback")
+        "with --character_coverage option", hint)
 
 
 def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
@@ -151,7 +155,7 @@ def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
             minloglevel=2,
         )
     except RuntimeError as err:
-        raise XindaError(f"{cfg.train}: sentencepiece training failed: {_spm_error(err)}") from None
+        raise XindaError(f"{cfg.train}: sentencepiece training failed: {_spm_error(err, cfg.byte_fallback)}") from None
     return model.getvalue()
 
 
@@ -261,7 +265,7 @@ def _staging_dir(out_dir: Path) -> Iterator[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         check_writable(out_dir, folder=True)
     try:
-        with _locked(out_dir / LOCK):
+        with locked(out_dir / LOCK, LOCKED):
             for left in out_dir.glob(".staging-*"):
                 shutil.rmtree(left, ignore_errors=True)
             with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
@@ -270,25 +274,6 @@ def _staging_dir(out_dir: Path) -> Iterator[Path]:
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on the file ``path`` while in the block (the file is made, and
-    removed after); a XindaError if another process holds it."""
-    with write_errors(path):
-        handle = open(path, "a")  # noqa: SIM115 - closed below, after the unlink
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise XindaError(f"{path.parent}: another xinda prepare is writing this folder "
-                             f"(it holds {path.name}); wait for it or choose another "
-                             "data.out_dir") from None
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
 
 
 def _publish(stage: Path, out_dir: Path) -> None:
