@@ -283,7 +283,7 @@ def test_checkpoints_saved_at_a_stop_go_first_once_a_later_one_is_saved(tmp_path
     model = torch.nn.Linear(3, 2)
     for step, stop in ((5, False), (7, True), (10, False), (15, False)):
         save_checkpoint(tmp_path, step, model, {"progress": {"step": step}}, keep_last=3,
-                        stop=stop)
+                        off_grid=stop)
         if step == 7:  # the newest is kept, stopped or not: training resumes from it
             assert [p.name[5:12] for p in list_checkpoints(tmp_path)] == ["0000005", "0000007"]
     assert [p.name[5:12] for p in list_checkpoints(tmp_path)] == ["0000005", "0000010",

@@ -135,3 +135,21 @@ def test_format_1_is_refused_without_unpickling_it(tmp_path):
     assert not (tmp_path / "pwned").exists()
     model = torch.nn.Linear(2, 2)
     load_weights(model, weights)  # the weights are safetensors: they still load
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda doc: doc.pop("state"), 'its "state" is not an object'),
+    (lambda doc: doc.update(state="x"), 'its "state" is not an object'),
+    (lambda doc: doc["state"]["optimizer"]["state"].update(x=1), "key that is not a parameter"),
+])
+def test_a_damaged_state_document_is_one_line(tmp_path, damage, message):
+    """Before: KeyError, TypeError or ValueError tracebacks from --resume and xinda grow
+    (found by review)."""
+    model, _, state = trained_state()
+    weights = save_checkpoint(tmp_path, 2, model, state, keep_last=1)
+    document = json.loads(state_json(weights).read_text(encoding="utf-8"))
+    damage(document)
+    state_json(weights).write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(XindaError, match=message) as info:
+        load_state(weights)
+    assert "\n" not in str(info.value) and str(state_json(weights).name) in str(info.value)

@@ -183,18 +183,19 @@ def join_state(document, tensors: dict[str, torch.Tensor], where: Path):
 
 
 def save_checkpoint(model_dir: str | Path, step: int, model: torch.nn.Module,
-                    state: dict, keep_last: int, stop: bool = False) -> Path:
+                    state: dict, keep_last: int, off_grid: bool = False) -> Path:
     """Write the weights, the state's tensors, then its JSON document (with the checksums of
     both) for ``step``; delete all but the newest ``keep_last`` checkpoints up to ``step``,
-    and first the older ones saved where a run ``stop``-ped (a signal, a limit): they are off
-    the regular grid, and would take the places an uninterrupted run keeps for averaging.
+    and first the older ones saved ``off_grid`` (where a run stopped, an epoch's end between
+    save_every steps): kept to resume from, they would take the places of the regular grid's
+    checkpoints, which averaging takes as samples far enough apart.
     Returns the weights' path. If writing fails, the files of a new step written so far are
     removed again; a step saved a second time (an epoch's end on a ``save_every`` step) is
     written aside and swapped in only when complete, so a failure keeps the first save."""
     folder = checkpoint_dir(model_dir)
     weights = folder / f"step_{step:07d}.safetensors"
-    if stop:
-        state = {**state, "stopped_here": True}
+    if off_grid:
+        state = {**state, "stopped_here": True}  # (the name from before epoch ends were)
     if state_json(weights).exists():
         _resave(weights, step, model, state)
     else:
@@ -283,6 +284,8 @@ def _read_document(weights: Path, verify: bool) -> tuple[dict | None, str]:
     except (ValueError, UnicodeDecodeError) as err:
         return None, f"{meta.name} is not valid JSON ({error_text(err)})"
     check_format(document, meta)
+    if not isinstance(document.get("state"), dict):  # (damaged by hand: as check_format)
+        raise XindaError(f"{meta}: not a xinda training state (its \"state\" is not an object)")
     files = document.get("files")
     for path in (weights, state_tensors(weights)):
         record = files.get(path.name) if isinstance(files, dict) else None
@@ -341,7 +344,11 @@ def state_from_parts(document, tensors: dict[str, torch.Tensor], where: Path):
     state = join_state(document, tensors, where)
     optimizer = state.get("optimizer") if isinstance(state, dict) else None
     if isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict):
-        optimizer["state"] = {int(k): v for k, v in optimizer["state"].items()}
+        try:
+            optimizer["state"] = {int(k): v for k, v in optimizer["state"].items()}
+        except ValueError:
+            raise XindaError(f"{where}: the optimizer's state has a key that is not a "
+                             "parameter's index") from None
     return state
 
 

@@ -103,9 +103,9 @@ def test_training_time_counts_each_epoch_s_checkpoint(prepared, tmp_path, monkey
 
     save = Trainer.save
 
-    def slow_save(trainer, stop: bool = False) -> None:
+    def slow_save(trainer, off_grid: bool = False) -> None:
         time.sleep(0.25)
-        save(trainer, stop)
+        save(trainer, off_grid)
     monkeypatch.setattr(Trainer, "save", slow_save)
     progress = run(prepared, tmp_path, max_epochs=3, run_validation="false")
     assert progress.epoch == 4 and progress.train_seconds >= 3 * 0.25
@@ -163,8 +163,8 @@ def test_the_last_checkpoint_of_a_run_out_of_time_records_the_time(prepared, tmp
     clock = [0.0]
     save = Trainer.save
 
-    def slow_save(trainer, stop: bool = False) -> None:
-        save(trainer, stop)
+    def slow_save(trainer, off_grid: bool = False) -> None:
+        save(trainer, off_grid)
         clock[0] += 1.0
     with monkeypatch.context() as patched:
         patched.setattr(Trainer, "save", slow_save)
@@ -245,6 +245,31 @@ def test_a_signal_on_the_update_that_reaches_the_limit_still_validates_it(prepar
     validated = [int(r["step"]) for r in rows(tmp_path) if r["valid_loss"]]
     assert validated == [per_epoch, last]
     assert newest_progress(tmp_path)["step"] == last
+
+
+@pytest.mark.parametrize("end", ["max_epochs", "patience"])
+def test_a_signal_during_the_last_validation_ends_the_run_as_finished(prepared, tmp_path,
+                                                                      monkeypatch, end):
+    """Before: a signal during the validation of the last epoch (max_epochs, or early
+    stopping) made the finished run exit as interrupted ("continue with --resume"), without
+    its stats, last log row and curves (found by review)."""
+    import signal
+
+    validate, losses = Trainer.validate, [3.0, 4.0]  # patience 1: the second one stops
+    last = 1 if end == "max_epochs" else 2
+
+    def validate_then_signal(trainer) -> dict:
+        done = len(rows(tmp_path)) and sum(bool(r["valid_loss"]) for r in rows(tmp_path))
+        if done + 1 == last:
+            trainer.signals.received = signal.SIGTERM  # as if it came during the validation
+        return {**validate(trainer), "loss": losses[done]}
+    monkeypatch.setattr(Trainer, "validate", validate_then_signal)
+    limits = {"max_epochs": 1} if end == "max_epochs" else {"patience": 1}
+    try:
+        progress = run(prepared, tmp_path, **limits)
+    except KeyboardInterrupt:
+        pytest.fail("the signal ended a finished run as interrupted")
+    assert progress.epoch == last + 1 and (tmp_path / "train_stats.json").is_file()
 
 
 def test_batches_per_update_are_checked_against_the_checkpoint_not_the_config(prepared,
@@ -432,3 +457,15 @@ def test_a_limit_on_a_save_every_step_keeps_it_on_the_grid(prepared, tmp_path, p
     run(prepared, tmp_path / "b", resume=True, max_steps=per_epoch + 3, **settings)
     assert [c.name for c in list_checkpoints(tmp_path / "b")] == [
         c.name for c in list_checkpoints(tmp_path / "a")]
+
+
+def test_with_save_every_the_epoch_ends_between_its_steps_are_not_kept(prepared, tmp_path,
+                                                                        per_epoch):
+    """The epochs' checkpoints between save_every steps are kept only until the next one (to
+    resume from). Before: they took keep_last places and `xinda average --last` slots, next to
+    grid checkpoints an update or two away (found by review)."""
+    every = next(k for k in range(2, 10) if per_epoch % k)
+    steps = every * (per_epoch // every + 3)  # epoch ends at per_epoch, ... are off the grid
+    run(prepared, tmp_path, max_steps=steps, save_every=every, keep_last=50)
+    kept = [int(c.stem.split("_")[1]) for c in list_checkpoints(tmp_path)]
+    assert kept == list(range(every, steps + 1, every))

@@ -149,19 +149,19 @@ class Trainer:
         ckpt.load_weights(self.model, found[-1])
         if state["optimizer"] is None:
             log.info("%s has no optimizer state: starting a fresh optimizer", found[-1].name)
-        progress = state["progress"]
         log.info("resumed from %s (update %d, epoch %d, batch %d)", found[-1].name,
-                 progress["step"], progress["epoch"], progress["batch"])
+                 *(state["progress"][k] for k in ("step", "epoch", "batch")))
         return state
 
-    def save(self, stop: bool = False) -> None:
+    def save(self, off_grid: bool = False) -> None:
         """Checkpoint (all ranks call it: their random states are collected; rank 0 writes);
-        ``stop``: where the run stopped (a signal, a limit), not on the save_every/epoch grid."""
+        ``off_grid``: where the run stopped (a signal, a limit) or an epoch's end between
+        save_every steps, not on the grid of checkpoints kept (``ckpt.save_checkpoint``)."""
         ranks = self.ranks.save_rng()
-        self.ranks.main_only(lambda: self.write_checkpoint(ranks, stop))  # its error: all ranks'
+        self.ranks.main_only(lambda: self.write_checkpoint(ranks, off_grid))  # error: all's
         self.saved_step = self.progress.step
 
-    def write_checkpoint(self, ranks: dict | None, stop: bool = False) -> None:
+    def write_checkpoint(self, ranks: dict | None, off_grid: bool = False) -> None:
         self.progress.wall_seconds = self.wall_seconds()
         state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                  "rng": torch.get_rng_state(), "progress": asdict(self.progress),
@@ -169,13 +169,13 @@ class Trainer:
         if ranks:
             state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
         ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
-                             self.cfg.train.keep_last, stop)
+                             self.cfg.train.keep_last, off_grid)
         retire_average(self.out, self.progress.step)
 
-    def save_unless_saved(self, stop: bool = False) -> None:
+    def save_unless_saved(self, off_grid: bool = False) -> None:
         """Checkpoint the current update unless the newest checkpoint already holds it."""
         if self.saved_step != self.progress.step:
-            self.save(stop)
+            self.save(off_grid)
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume: bool = False) -> Progress:
@@ -214,15 +214,16 @@ class Trainer:
             if p.batch < len(batches):
                 break  # a limit stopped training inside the epoch
             stop = self.end_of_epoch() or stop
-            self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
+            if not stop and p.epoch <= tc.max_epochs:  # (a finished run ends as without it)
+                self.stop_if_asked(*self.ranks.any(self.signals.received is not None))
         if self.ranks.is_main and p.log_window[2]:  # the updates since the last row (kept in
             self.csv.write_window(p, learning_rate(  # the window: logged again after a resume)
                 tc, p.step, self.model_cfg.model_dim, p.lr_resets))
         if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
             self.ranks.main_only(self.validate_and_keep_best)  # stopped inside an epoch
             p.validated_step = p.step  # (all ranks, and their checkpoint records the new best)
-            self.save(stop=self.saved_step != p.step)  # (a save_every step stays on the grid)
-        self.save_unless_saved(stop=True)
+            self.save(off_grid=self.saved_step != p.step)  # (a save_every step stays on it)
+        self.save_unless_saved(off_grid=True)
         if self.ranks.is_main:
             write_stats(self.out, p, precision=self.precision, device=str(self.device),
                         parameters=self.model.num_parameters())
@@ -234,7 +235,7 @@ class Trainer:
         KeyboardInterrupt."""
         if not asked:
             return
-        self.save_unless_saved(stop=True)
+        self.save_unless_saved(off_grid=True)
         if self.ranks.is_main:
             name = signal.Signals(self.signals.received or signal.SIGTERM).name
             log.warning("stopped by %s after update %d: checkpoint step_%07d saved in %s; continue "
@@ -350,7 +351,7 @@ class Trainer:
         stop = self.ranks.any(self.limit_reached())[0] or stop
         p.epoch, p.batch, p.validated_step = p.epoch + 1, 0, p.step
         with p.timed():  # the epoch's checkpoint counts as training time, its validation not
-            self.save()
+            self.save(off_grid=p.step % (self.cfg.train.save_every or 1) != 0)
         return stop
 
     def validate_epoch(self) -> bool:
