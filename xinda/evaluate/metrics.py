@@ -65,6 +65,9 @@ def _check_lengths(hyps: Sequence[str], streams: list[list[str]]) -> None:
 
 
 ASIAN_TOKENIZERS = ("zh", "ja-mecab", "ko-mecab", "char")  # their TER segments CJK text too
+# ROUGE counts characters for these (Korean spaces its words): unsegmented Chinese or Japanese
+# read as words was one "word" per clause
+ROUGE_CHAR_TOKENIZERS = ("zh", "ja-mecab", "char")
 
 
 def resolve_tokenizer(tokenize: str | None, streams: list[list[str]]) -> str | None:
@@ -140,7 +143,7 @@ def corpus_scores(
         raise XindaError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
     names = [*names] or ["hypotheses", *_stream_names(len(streams))]
     for name in dict.fromkeys(name.lower() for name in metrics):
-        chars = tokenize in (("zh", "char") if name == "rouge" else ASIAN_TOKENIZERS)
+        chars = tokenize in (ROUGE_CHAR_TOKENIZERS if name == "rouge" else ASIAN_TOKENIZERS)
         warn_long_lines(name, [hyps, *streams], names, chars)
     scores = []
     for name in metrics:
@@ -185,11 +188,11 @@ class _Words:
 def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -> list[Score]:
     """ROUGE-1/2/L F1 x 100 (Lin 2004), the mean over sentences; with several reference
     streams, each sentence's F1 is its mean over the references. Tokens: words (``_Words``:
-    rouge-score's lowercased, Porter-stemmed words, in any script); "zh"/"char", or
-    ``tokenize`` None and mostly CJK references (``is_mostly_cjk``): characters."""
-    streams = _ref_streams(refs)
+    rouge-score's lowercased, Porter-stemmed words, in any script); "zh"/"ja-mecab"/"char",
+    or ``tokenize`` None and mostly CJK references (``is_mostly_cjk``): characters."""
+    hyps, streams = check_lines(hyps, "hypotheses"), _ref_streams(refs)
     _check_lengths(hyps, streams)
-    chars = resolve_tokenizer(tokenize, streams) in ("zh", "char")
+    chars = resolve_tokenizer(tokenize, streams) in ROUGE_CHAR_TOKENIZERS
     # imported here: rouge-score loads nltk, which training, translating and BLEU do not need
     from rouge_score import rouge_scorer
 
@@ -307,6 +310,7 @@ def bleu_by_length(
         raise XindaError(f"length bucket edges must be increasing positive integers: {edges}")
     if unit not in ("auto", "words", "chars"):
         raise XindaError(f"unknown length unit {unit!r}; choose from auto, words, chars")
+    sources, hyps = check_lines(sources, "sources"), check_lines(hyps, "hypotheses")
     streams = _ref_streams(refs)
     _check_lengths(hyps, streams)
     if len(sources) != len(hyps):
