@@ -173,6 +173,12 @@ def test_prefix_file_of_another_length_is_a_one_line_error(trained, files, xinda
     short.write_text("1\n2\n", encoding="utf-8")
     one_line_error(translate(xinda, trained, folder, "--prefix", short, ok=False),
                    "short.txt", "2 prefix lines for 6 input lines")
+    # before: "-: 0 prefix lines for 2 input lines", stdin used up by the input already
+    proc = xinda("translate", trained.model_dir, "--prefix", "-", input="a\nb\n", ok=False)
+    one_line_error(proc, "--prefix and the input (-i) cannot both be read from stdin")
+    proc = xinda("translate", trained.model_dir, "-i", folder / "in.txt", "--prefix", "-",
+                 input="1\n", ok=False)
+    one_line_error(proc, "<stdin>: 1 prefix lines for 6 input lines")
 
 
 def test_translator_constraints_see_the_callers_line_numbers(trained, files):

@@ -42,3 +42,18 @@ def test_the_baseline_can_come_from_stdin_but_not_with_the_hypotheses(xinda, one
     assert "against the baseline <stdin>:" in out and "TER (lower is better): " in out
     proc = xinda("evaluate", "-", ref, "--baseline", "-", input="a\nb\n", ok=False)
     one_line_error(proc, "--baseline and HYPOTHESES cannot both be read from stdin")
+
+
+def test_the_sources_of_by_length_can_come_from_stdin_once(xinda, one_line_error, tmp_path):
+    """Before: ``--source -`` said "-: file not found" (found by review)."""
+    ref = write(tmp_path / "ref.txt", ["a b c d", "e f g h"])
+    hyp = write(tmp_path / "hyp.txt", ["a b c d", "e f g x"])
+    out = xinda("evaluate", hyp, ref, "--by-length", "--source", "-", input="x y\nz\n").stdout
+    assert "1-10" in out
+    proc = xinda("evaluate", "-", ref, "--by-length", "--source", "-", input="a\nb\n", ok=False)
+    one_line_error(proc, "--source and HYPOTHESES cannot both be read from stdin")
+    proc = xinda("evaluate", hyp, ref, "--by-length", "--source", "-", "--baseline", "-",
+                 input="a\nb\n", ok=False)
+    one_line_error(proc, "--baseline and --source cannot both be read from stdin")
+    proc = xinda("evaluate", hyp, ref, "--by-length", "--source", "-", input="a\n", ok=False)
+    one_line_error(proc, f"<stdin> has 1 lines but {hyp} has 2")

@@ -155,8 +155,12 @@ def evaluate(
     if source is not None and not by_length:  # (before: silently unused)
         raise XindaError("--source is read for --by-length only: add --by-length")
     hyps, refs = read_hyps_refs(hypotheses, references)
-    sources = _length_sources(source, hypotheses, len(hyps)) if by_length else None
-    base = _baseline_lines(baseline, hypotheses, len(hyps)) if baseline else None
+    if by_length and source is None:
+        raise XindaError("--by-length needs --source (lengths are source lengths)")
+    read = {"HYPOTHESES": hypotheses}
+    sources = _lines_beside(source, "--source", len(hyps), read) if by_length else None
+    read["--source"] = source
+    base = _lines_beside(baseline, "--baseline", len(hyps), read) if baseline else None
     names = [input_name(hypotheses), *map(str, references)]  # for warnings about long lines
     say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize, lowercase,
                                 names)))
@@ -167,17 +171,21 @@ def evaluate(
         _say_paired(base, hyps, refs, baseline, metrics, tokenize, lowercase)
 
 
-def _baseline_lines(baseline: Path, hypotheses: Path, n_hyps: int) -> list[str]:
-    """The --baseline lines of ``evaluate`` (- for stdin), checked before anything is printed
-    (the hypotheses were read already: stdin cannot give both)."""
+def _lines_beside(path: Path, option: str, n_hyps: int, read: dict[str, Path | None]
+                  ) -> list[str]:
+    """The lines of ``option`` (--source, --baseline; - for stdin), as many as the
+    hypotheses', checked before anything is printed; ``read``: the inputs read before it
+    (stdin gives one of them at most)."""
     from xinda.utils import input_name, read_input
 
-    if input_name(baseline) == input_name(hypotheses) == "<stdin>":
-        raise XindaError("--baseline and HYPOTHESES cannot both be read from stdin")
-    lines = read_input(baseline)
+    if input_name(path) == "<stdin>":
+        for name, other in read.items():
+            if other is not None and input_name(other) == "<stdin>":
+                raise XindaError(f"{option} and {name} cannot both be read from stdin")
+    lines = read_input(path)
     if len(lines) != n_hyps:
-        raise XindaError(f"{input_name(baseline)} has {len(lines)} lines but "
-                         f"{input_name(hypotheses)} has {n_hyps}")
+        raise XindaError(f"{input_name(path)} has {len(lines)} lines but "
+                         f"{input_name(read['HYPOTHESES'])} has {n_hyps}")
     return lines
 
 
@@ -193,18 +201,6 @@ def _say_paired(base: list[str], hyps: list[str], refs: list[list[str]], baselin
         say(*map(str, paired_tests(base, hyps, refs, paired, tokenize, lowercase)))
     if len(paired) < len(asked):
         say("(ROUGE: no paired test)")
-
-
-def _length_sources(source: Path | None, hypotheses: Path, n_hyps: int) -> list[str]:
-    """The --source lines of ``evaluate --by-length``, checked before anything is printed."""
-    from xinda.utils import read_lines
-
-    if source is None:
-        raise XindaError("--by-length needs --source (lengths are source lengths)")
-    sources = list(read_lines(source))
-    if len(sources) != n_hyps:
-        raise XindaError(f"{source} has {len(sources)} lines but {hypotheses} has {n_hyps}")
-    return sources
 
 
 @command

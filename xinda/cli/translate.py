@@ -128,6 +128,8 @@ def translate(
                    [model_dir, *(ensemble or ())])
     if ban is not None and not ban.replace(",", "").strip():  # (before: silently no ban)
         raise XindaError(f"--ban {ban!r}: no piece or word to ban (commas separate them)")
+    if prefix is not None and input_name(prefix) == input_name(input) == "<stdin>":
+        raise XindaError("--prefix and the input (-i) cannot both be read from stdin")
     lines = read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
     check_device(device)
@@ -197,7 +199,8 @@ def _read_prefixes(path: Path | None, n_lines: int) -> list[str] | None:
     """The lines of the --prefix file, one per input line."""
     prefixes = None if path is None else read_input(path)
     if prefixes is not None and len(prefixes) != n_lines:
-        raise XindaError(f"{path}: {len(prefixes)} prefix lines for {n_lines} input lines")
+        raise XindaError(f"{input_name(path)}: {len(prefixes)} prefix lines for {n_lines} "
+                         "input lines")
     return prefixes
 
 
