@@ -218,6 +218,20 @@ def test_a_prefix_the_target_vocabulary_cannot_write_is_refused(translator):
     assert prefix.prefixes == [[tr.tgt_vocab.unk]]  # asked for by name
 
 
+def test_a_prefix_longer_than_the_model_writes_is_refused(translator):
+    """Before: decoded, and answered "the search found no output that satisfies the
+    constraints" (found by review)."""
+    tr = translator(TRANSFORMER)
+    cap = tr.model.cfg.max_positions
+    house = tr.tgt_vocab.ids_to_pieces(tr.encode_target("house"))
+    fits = " ".join((house * cap)[:cap - 1])
+    [prefix] = tr.constraints_for(["a"], prefixes=[fits], input_format="pieces")
+    assert len(prefix.prefixes[0]) == cap - 1
+    with pytest.raises(XindaError, match=f"^prefix 1: a prefix of {cap} tokens; this model "
+                       f"writes at most {cap - 1} "):
+        tr.constraints_for(["a"], prefixes=[f"{fits} {house[0]}"], input_format="pieces")
+
+
 @pytest.mark.parametrize("control", ["<pad>", "<s>", "</s>"])
 def test_control_pieces_in_prefixes_and_padding_in_sources_are_refused(translator, control):
     """Before: "<pad>" in a source of pieces was read as padding (an RNN encoder then dropped

@@ -276,6 +276,11 @@ BAD_JSON = [
     (b"\xff\xfe{}", 400, "bad_encoding"),
     (b'{"text": "caf\xe9"}', 400, "bad_encoding"),
     (b'{"model": "numbers", "text": "\\ud800"}', 400, "bad_encoding"),
+    # before: 422s, "model: Input should be a valid string" and, for a key, "the request body
+    # must be a JSON object" (validation refused some fields' surrogates, not others')
+    (b'{"model": "\\ud800", "text": "one"}', 400, "bad_encoding"),
+    (b'{"text": "one", "constraints": {"\\udc00": 1}}', 400, "bad_encoding"),
+    (b'{"\\ud800": 1}', 400, "bad_encoding"),
     (b"", 422, "invalid_request"),
     (b"[]", 422, "invalid_request"),
     (b'"text"', 422, "invalid_request"),

@@ -94,6 +94,21 @@ def test_api_key(make_client):
                                headers=headers).status_code == 200
 
 
+def test_a_body_without_the_api_key_is_not_read(make_client):
+    """Before: FastAPI parsed the body before the key's check, so anyone could have 1 MiB of
+    JSON parsed and learn about the parser (400 bad_json, 413) (found by review)."""
+    with make_client(api_key="s3cret") as client:
+        for body in (b'{"text":', b'{"text": "a", "text": "b"}', b"[" * 100_000,
+                     b'{"text": "\\ud800"}'):
+            response = client.post("/v1/translate", content=body,
+                                   headers={"content-type": "application/json"})
+            assert response.status_code == 401, body[:20]
+            assert response.headers["www-authenticate"] == "Bearer"
+        response = client.post("/v1/translate", content=b'{"text":', headers={
+            "content-type": "application/json", "X-API-Key": "s3cret"})
+        assert response.json()["error"]["code"] == "bad_json"
+
+
 def test_a_non_ascii_api_key_matches_its_utf8_bytes(make_client):
     """Before: the header (decoded as Latin-1) was re-encoded as UTF-8: never equal."""
     with make_client(api_key="sécret") as client:

@@ -303,8 +303,13 @@ class Translator:
 
     def prefix_ids(self, where: str, prefix: str, pieces_in: bool) -> list[int]:
         """A target prefix's ids; one the target vocabulary cannot write (it would force
-        ``<unk>`` where it was not asked for by name) is a XindaError naming what it lacks."""
+        ``<unk>`` where it was not asked for by name) is a XindaError naming what it lacks, and
+        so is one longer than the model writes (the search found no output, and said only
+        that)."""
         ids, unk = self.encode_target(prefix, pieces_in, where), self.tgt_vocab.unk
+        if len(ids) >= (cap := self.model.cfg.max_positions):
+            raise XindaError(f"{where}: a prefix of {len(ids)} tokens; this model writes at "
+                             f"most {cap - 1} (its position table)")
         if unk not in ids:
             return ids
         named = self.tgt_vocab.ids_to_pieces([unk])[0]

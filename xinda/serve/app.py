@@ -23,7 +23,6 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel
 from starlette.routing import Route
 
 from xinda import __version__
@@ -210,15 +209,6 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-def check_unicode(request: BaseModel) -> None:
-    """Every string of the request must be encodable (JSON escapes can make lone surrogates)."""
-    try:
-        json.dumps(request.model_dump(), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(400, "bad_encoding", "the request holds a lone surrogate "
-                       "(\\ud800-\\udfff): not valid Unicode text") from None
-
-
 def decode_options(model: ServedModel, req: TranslateRequest) -> tuple[dict, bool]:
     """The request's decode settings (checked against the model's) and whether it samples."""
     options = req.decode_options()
@@ -234,14 +224,14 @@ def decode_options(model: ServedModel, req: TranslateRequest) -> tuple[dict, boo
 
 
 def routes(svc: Service) -> APIRouter:
-    """The API's endpoints; all but /health need the API key when one is set."""
+    """The API's endpoints, which need the API key when one is set (the POSTs' is checked
+    before their bodies are read, by ``RequestGuard``); /health and the page are open."""
     api = APIRouter(dependencies=[Depends(svc.authorize)], responses=ERRORS,
                     route_class=UniqueKeysRoute)  # duplicate JSON keys refused
 
     @api.post("/v1/translate", response_model=TranslateResponse)
     async def translate(req: TranslateRequest, request: Request) -> JSONResponse:
         """Translate one text or a list; decoding controls and constraints are xinda's."""
-        check_unicode(req)
         model, texts = svc.model(req.model), svc.texts(req.text)
         constraints = req.constraints or Constraints()
         prefixes = [None] * len(texts) if constraints.prefix is None else constraints.prefix
@@ -267,7 +257,6 @@ def routes(svc: Service) -> APIRouter:
     @api.post("/v1/couplet", response_model=CoupletResponse)
     async def couplet(req: CoupletRequest, request: Request) -> JSONResponse:
         """Second lines (下联) for first lines (上联), with a couplet model."""
-        check_unicode(req)
         model, texts = svc.model(req.model, "couplet"), svc.texts(req.text)
         for i, text in enumerate(texts):  # what write_couplets takes for the first line
             if not is_first_line(text):
@@ -285,14 +274,14 @@ def routes(svc: Service) -> APIRouter:
     async def poem(req: PoemRequest, request: Request) -> JSONResponse:
         """A quatrain from keywords (or one line per acrostic character), with a poetry
         model."""
-        check_unicode(req)
         model = svc.model(req.model, "poetry")
         prompt = PoemPrompt(req.keyword_list(), req.form, req.acrostic)
         sent = req.keywords if isinstance(req.keywords, list) else [req.keywords]
         svc.texts(sent or [""], "keywords", empty_ok=True)  # lengths, by the indices sent
         svc.texts(list(prompt.keywords) or [""], "keywords", empty_ok=True)  # words' count
         table = await asyncio.to_thread(CharacterTable.of, model.translator.tgt_vocab)
-        read_prompt(prompt, table, "poem", req.rhyme)  # here, not failing a batch of others
+        prompt = await asyncio.to_thread(  # here, not failing a batch of others; OpenCC
+            read_prompt, prompt, table, "poem", req.rhyme)  # converts: off the loop
         await asyncio.to_thread(svc.check_fits, model, [prompt.source()], [prompt.length()],
                                 "keywords: the source (form word and keywords)", "poem")
         options = given({"nbest": req.n_best, "rhyme": req.rhyme})
@@ -347,7 +336,7 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
 
     app.include_router(routes(svc))
     app.add_middleware(RequestGuard, metrics=svc.metrics, max_body_bytes=settings.max_body_bytes,
-                       body_paths=POSTS,
+                       body_paths=POSTS, api_key=settings.api_key,
                        hosts=None if settings.api_key else frozenset((*LOOPBACK, "")))
     if settings.cors_origins:  # added last = outermost: the guard's refusals get CORS too
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),

@@ -81,6 +81,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        if err.status_code == 400 and isinstance(err.__cause__, UnicodeEncodeError):
+            return error_response(400, "bad_encoding", "the request holds a lone surrogate "
+                                  "(\\ud800-\\udfff): not valid Unicode text")
         if err.status_code == 400 and isinstance(err.__cause__, (RecursionError, ValueError)):
             return error_response(400, "bad_json", "the request body could not be parsed as "
                                   "JSON: nested too deeply or a number too long")

@@ -4,7 +4,8 @@ last of ``{"text": "the cat", "text": "dog"}`` (YAML configs refuse duplicate ke
 ``UniqueKeysRoute``, the API's route class (FastAPI's way to change how a route reads its
 request), reads bodies with ``loads_unique``; FastAPI turns its ``JSONDecodeError`` into a
 validation error, which ``errors.validation_message`` answers as a 400 ``bad_json`` naming the
-key."""
+key. A lone surrogate is refused here too, before validation (which refused some fields' and
+not others')."""
 
 from __future__ import annotations
 
@@ -34,8 +35,12 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads_unique(text: str | bytes) -> Any:
-    """``json.loads(text)``, raising ``DuplicateKeyError`` for an object with a repeated key."""
-    return json.loads(text, object_pairs_hook=unique_keys)
+    """``json.loads(text)``, raising ``DuplicateKeyError`` for an object with a repeated key
+    and ``UnicodeEncodeError`` for a lone surrogate (an escape such as "\\ud800") anywhere,
+    keys included (``errors`` answers it as 400 ``bad_encoding``)."""
+    data = json.loads(text, object_pairs_hook=unique_keys)
+    json.dumps(data, ensure_ascii=False).encode("utf-8")
+    return data
 
 
 class UniqueKeysRequest(Request):

@@ -2,7 +2,8 @@
 API key (loopback names only: a site whose name resolves here, by DNS rebinding, could use it
 from a browser), the body checks that must happen before FastAPI reads the body (a body over
 ``max_body_bytes`` is a 413 without being read whole; a body that is not declared JSON is a
-415, one that is not UTF-8 a 400), and the 500 of an unexpected exception (here, inside the
+415, one that is not UTF-8 a 400; and, before them, a missing API key: a 401 before the body
+is read or parsed), and the 500 of an unexpected exception (here, inside the
 CORS middleware, so that it carries CORS headers too)."""
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import logging
 import time
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from xinda.serve.errors import error_response
+from xinda.serve.auth import check_api_key
+from xinda.serve.errors import ApiError, error_response
 from xinda.serve.metrics import Metrics
 
 CLIENT_GONE = 499  # the status of a request whose client left before its answer (nginx's)
@@ -25,12 +28,14 @@ class RequestGuard:
     shape."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int,
-                 body_paths: frozenset[str] = frozenset(), hosts: frozenset[str] | None = None):
+                 body_paths: frozenset[str] = frozenset(), hosts: frozenset[str] | None = None,
+                 api_key: str | None = None):
         """``body_paths``: the paths whose POST bodies are checked (any other request goes on
         as it came: routing answers a wrong method with 405, an unknown path with 404);
-        ``hosts``: the host names a request may name (None: any)."""
+        ``hosts``: the host names a request may name (None: any); ``api_key``: the key a
+        POST to ``body_paths`` must give before its body is read."""
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
-        self.body_paths, self.hosts = body_paths, hosts
+        self.body_paths, self.hosts, self.api_key = body_paths, hosts, api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,7 +56,9 @@ class RequestGuard:
                                      f"server answers requests to {names} only (--api-key "
                                      "allows others)")(scope, receive, send_status)
             elif scope["method"] == "POST" and scope["path"] in self.body_paths:
-                if not await self._with_body(scope, receive, send_status):
+                if refusal := self._unauthorized(scope):
+                    await refusal(scope, receive, send_status)
+                elif not await self._with_body(scope, receive, send_status):
                     status[0] = CLIENT_GONE
             else:
                 await self.app(scope, receive, send_status)
@@ -64,6 +71,14 @@ class RequestGuard:
         finally:
             self.metrics.in_flight.dec()
             self.metrics.request(scope["path"], status[0] or 500, time.perf_counter() - start)
+
+    def _unauthorized(self, scope: Scope):
+        """The 401 of a request without the API key (``check_api_key``), or None."""
+        try:
+            check_api_key(Request(scope), self.api_key)
+        except ApiError as err:
+            return error_response(err.status, err.code, err.message, err.headers)
+        return None
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Read the body (at most ``max_body_bytes``), check it, hand it on; False when the
