@@ -246,3 +246,22 @@ def test_jobs_still_queued_at_shutdown_get_503(batches):
     w.stop()  # never started: the job is still queued
     error = waiting.future.exception(WAIT_S)
     assert isinstance(error, ApiError) and (error.status, error.code) == (503, "shutting_down")
+
+
+def test_a_job_no_other_can_join_waits_for_none(batches, monkeypatch):
+    """Before: a sampling request (a key of its own) still waited max_wait_ms for jobs that
+    could never join it (found by review)."""
+    from xinda.serve.worker import POLL_S
+
+    w, waits = make_worker(max_wait_ms=1000), []
+    take = w._take
+
+    def recorded(timeout: float):
+        waits.append(timeout)
+        return take(timeout)
+    monkeypatch.setattr(w, "_take", recorded)
+    jobs = [job("x"), job("y")]
+    for each in jobs:
+        each.alone = True
+    assert run_all(w, jobs) == [["X"], ["Y"]]
+    assert batches == [["x"], ["y"]] and max(waits) <= POLL_S  # only the loop's polls

@@ -167,7 +167,7 @@ class Service:
         # measuring tokenises every text (Moses, jieba): not on the event loop
         await asyncio.to_thread(self.check_work, model, kind, options, inputs)
         key = (kind, json.dumps(options, sort_keys=True)) + ((object(),) if alone else ())
-        job = Job(kind, key, options, list(inputs))
+        job = Job(kind, key, options, list(inputs), alone=alone)
         try:
             self.workers[model.name].submit(job)
         except queue.Full:

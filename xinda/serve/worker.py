@@ -37,7 +37,7 @@ POLL_S = 0.1  # how often an idle worker checks whether it should stop
 @dataclass(eq=False)
 class Job:
     kind: str  # a key of tasks.RUNNERS
-    key: tuple  # jobs with equal keys can share a batch: (kind, options, ...)
+    key: tuple  # jobs with equal keys can share a batch: (kind, options[, a key of its own])
     options: dict  # the runner's options (equal for equal keys)
     inputs: list[Any]  # the runner's inputs: results come back one per input
     future: Future = field(default_factory=Future)
@@ -45,6 +45,7 @@ class Job:
     abandoned: threading.Event = field(default_factory=threading.Event)  # its request gave up
     waiting: bool = False  # counted among its worker's waiting jobs
     leave: Callable[[], None] | None = None  # ends that count (set by ``Worker.submit``)
+    alone: bool = False  # no other job can join it (its key is its own): nothing to wait for
 
     def abandon(self) -> None:
         """The request stopped waiting: the job no longer counts as waiting and is skipped, or
@@ -157,7 +158,7 @@ class Worker:
             self.backlog.remove(job)
             tokens += self._add(batch, job)
         deadline = time.monotonic() + self.settings.max_wait_ms / 1000
-        while self._room(batch, tokens) and len(self.backlog) < self.settings.max_batch_requests:
+        while not first.alone and self._room(batch, tokens) and len(self.backlog) < self.settings.max_batch_requests:
             job = self._take(deadline - time.monotonic())
             if job is None:
                 break
