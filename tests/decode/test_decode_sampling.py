@@ -125,6 +125,16 @@ def test_filters_by_hand():
     assert top_p_filter(shuffled, 0.8).isfinite()[0].tolist() == [False, True, False, True]
 
 
+def test_tokens_tied_at_the_nucleus_edge_all_stay_whatever_their_ids():
+    """Before: of [.5, .25, .25] at top_p .75 the sort kept the first .25 and dropped the
+    other, so which one could be sampled depended on token ids (found by review)."""
+    scores = torch.tensor([[0.5, 0.25, 0.25], [0.25, 0.25, 0.5], [0.5, 0.3, 0.2]]).log()
+    assert top_p_filter(scores, 0.75).isfinite().tolist() == [
+        [True, True, True], [True, True, True], [True, True, False]]
+    assert top_p_filter(scores, 0.5).isfinite().tolist() == [
+        [True, False, False], [False, False, True], [True, False, False]]
+
+
 @pytest.mark.parametrize("top_p", [1e-46, 5e-324])
 def test_a_top_p_below_float32_keeps_the_most_probable_token(top_p):
     """Before: p rounded to 0 in float32 put every token outside the nucleus, and sampling

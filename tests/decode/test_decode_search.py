@@ -350,6 +350,28 @@ def test_attention_of_batched_beam_equals_attention_alone(tiny_model, make_src):
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("search", ["beam", "greedy", "sample"])
+def test_a_hypothesis_attention_is_the_models_attention_over_its_tokens(search, tiny_model,
+                                                                       make_src):
+    """Each hypothesis's attention rows are those of one teacher-forced pass over its own
+    tokens (coverage penalties and plots read them). Before, only self-consistency was
+    tested: a wrong reorder of the attention history within a sentence passed (found by
+    review)."""
+    model, dec = tiny_model(1), DecodeConfig(beam=3, nbest=3)
+    src = make_src(LENGTHS, 1)
+    found = {"beam": lambda: beam_search(model, src, dec, need_attention=True),
+             "greedy": lambda: [[h] for h in greedy_search(model, src, dec, True)],
+             "sample": lambda: sample(model, src, dec, SamplingConfig(n=3, seed=1), True)}
+    for row, hyps in enumerate(found[search]()):
+        one = src[row:row + 1, :LENGTHS[row]]
+        for h in hyps:
+            with torch.no_grad():
+                _, attn = model.decode(torch.tensor([[model.vocab.bos] + h.tokens]),
+                                       model.encode(one), need_weights=True)
+            torch.testing.assert_close(h.attention[:, :LENGTHS[row]], attn[0].float(),
+                                       atol=1e-5, rtol=1e-5)
+
+
 def test_no_attention_unless_asked(tiny_model, make_src):
     model = tiny_model(0)
     src = make_src([4, 2], 0)

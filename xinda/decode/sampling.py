@@ -78,13 +78,16 @@ def top_k_filter(scores: Tensor, k: int) -> Tensor:
 def top_p_filter(scores: Tensor, p: float) -> Tensor:
     """scores (R, V) with every token outside the nucleus at -inf: the nucleus is the smallest
     set of most probable tokens whose softmax probability sums to >= p (Holtzman et al. 2020,
-    eq. 2). The most probable token always stays."""
+    eq. 2), and the tokens tied with its least probable one (which of them the sort put first
+    would otherwise decide, by token id). The most probable token always stays."""
     if p >= 1.0:
         return scores
     ordered, order = scores.sort(dim=-1, descending=True)  # (R, V)
     probs = ordered.softmax(dim=-1)
     outside = (probs.cumsum(dim=-1) - probs) >= p  # mass before the token already >= p
     outside[:, 0] = False  # even where p rounds to 0 in the scores' dtype
+    edge = ordered.masked_fill(outside, float("inf")).amin(dim=-1, keepdim=True)
+    outside = ordered < edge  # (ties with the edge stay)
     return scores.masked_fill(outside.scatter(1, order, outside), NEG_INF)
 
 

@@ -309,19 +309,23 @@ def _top_candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, T
 def _finalise(beams: _Beams, finished: list[list[Hypothesis]], top_scores: Tensor,
               src_beam: Tensor, is_eos: Tensor, k: int, alpha: float,
               coverage: tuple[float, Tensor]) -> None:
-    """Move EOS candidates ranked within the top ``k`` into ``finished``.
-    ``coverage`` = (beta, source keep mask (B, S) of every sentence) for the GNMT coverage
-    penalty."""
+    """Move EOS candidates ranked within the top ``k`` into ``finished``, the best scores
+    first where a sentence has room for fewer (with a coverage penalty, one step's candidates
+    rank otherwise than by log-probability). ``coverage`` = (beta, source keep mask (B, S) of
+    every sentence) for the GNMT coverage penalty."""
     beta, src_keep = coverage
     length = beams.tokens.size(1)  # BOS + tokens so far = |y| incl. the new EOS
+    ended: dict[int, list[Hypothesis]] = {}
     for n, rank in is_eos[:, :k].nonzero().tolist():
         sent = int(beams.alive[n])
-        if len(finished[sent]) >= k:
-            continue
         row = n * k + int(src_beam[n, rank])
         logprob = float(top_scores[n, rank])
         attn = None if beams.attention is None else beams.attention[row]
         score = logprob / length_penalty(length, alpha)
         if beta:
             score += coverage_penalty(attn, src_keep[sent], beta)
-        finished[sent].append(Hypothesis(beams.tokens[row, 1:].tolist(), score, logprob, attn))
+        ended.setdefault(sent, []).append(
+            Hypothesis(beams.tokens[row, 1:].tolist(), score, logprob, attn))
+    for sent, hyps in ended.items():
+        room = k - len(finished[sent])
+        finished[sent] += sorted(hyps, key=lambda h: -h.score)[:max(room, 0)]
