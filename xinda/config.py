@@ -341,5 +341,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
         raise XindaError(format_validation_error(err, where)) from None
 
 
-def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    atomic_write_text(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+def save_config(cfg: ExperimentConfig, path: str | Path, model: BaseModel | None = None
+                ) -> None:
+    """Write ``cfg`` as YAML; with ``model`` (its resolved model config) the model section
+    holds every field, not a preset's name: a model folder builds the same model after a
+    preset or a default changes."""
+    tree = cfg.model_dump(mode="json")
+    if model is not None:
+        tree["model"] = model.model_dump(mode="json")
+    atomic_write_text(path, yaml.safe_dump(tree, sort_keys=False))

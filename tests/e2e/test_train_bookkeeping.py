@@ -469,3 +469,17 @@ def test_with_save_every_the_epoch_ends_between_its_steps_are_not_kept(prepared,
     run(prepared, tmp_path, max_steps=steps, save_every=every, keep_last=50)
     kept = [int(c.stem.split("_")[1]) for c in list_checkpoints(tmp_path)]
     assert kept == list(range(every, steps + 1, every))
+
+
+def test_the_model_folder_records_every_model_field(prepared, tmp_path):
+    """Its config.yaml holds the resolved model, not a preset's name: the folder builds the
+    same model after a preset or a default changes (found by review); --resume accepts it."""
+    import yaml
+
+    from xinda.models.registry import resolve
+
+    cfg = load_config(prepared.config, ["train.max_steps=1", f"train.out_dir={tmp_path}"])
+    run(prepared, tmp_path, max_steps=1)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8"))["model"]
+    assert "preset" not in saved and saved == resolve(cfg.model).model_dump(mode="json")
+    assert run(prepared, tmp_path, resume=True, max_steps=2).step == 2

@@ -112,7 +112,7 @@ class Trainer:
         """Make the model directory self-contained: config, manifest, sentencepiece models
         (rank 0, once the newest checkpoint has loaded)."""
         self.out.mkdir(parents=True, exist_ok=True)
-        save_config(self.cfg, self.out / "config.yaml")
+        save_config(self.cfg, self.out / "config.yaml", self.model_cfg)
         for name in {*self.manifest["spm"].values(), "manifest.json"}:
             if (self.data_dir / name).resolve() != (self.out / name).resolve():
                 with atomic_path(self.out / name) as tmp:
