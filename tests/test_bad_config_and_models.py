@@ -32,6 +32,8 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
     assert error(load_config, path) == f"{path}: invalid YAML: duplicate key 'data' at line 6"
     path.write_text("train:\n  lr: 0.001\n  warmup_steps: 10\n  lr: 0.002\n")
     assert "duplicate key 'lr' at line 4" in error(load_config, path)
+    path.write_text("train:\n  lr: 0.001\n? [a, b]\n: 1\n")  # before: no line (a TypeError)
+    assert "line 3" in error(load_config, path)
 
 
 @pytest.mark.parametrize(("key", "value", "top"), [
@@ -122,6 +124,7 @@ def test_a_manifest_of_the_wrong_shape_is_named(prepared, tmp_path, manifest):
 @pytest.mark.parametrize(("setting", "named"), [
     ("train.betas=[1.5,0.98]", "train.betas.0"), ("train.eps=-1", "train.eps"),
     ("train.weight_decay=-0.1", "train.weight_decay"), ("train.momentum=-0.5", "train.momentum"),
+    ("train.momentum=1.5", "train.momentum"),
     ("train.lr=.inf", "train.lr"), ("train.dist_timeout=.inf", "train.dist_timeout"),
     ("train.min_lr=-1", "train.min_lr"), ("train.warmup_steps=0", "warmup_steps >= 1")])
 def test_optimizer_settings_torch_would_refuse_are_config_errors(setting, named):

@@ -154,6 +154,18 @@ def test_noam_min_lr_above_its_peak_is_refused_before_any_work(config_file):
         validated(load_config(config_file, overrides), config_file, overrides)
 
 
+def test_noam_with_a_peak_rates_lr_warns(config_file, caplog):
+    """Before: `--set train.schedule=noam` kept lr 5e-4, which noam reads as a scale: a peak
+    of 3.5e-7, silently (found by review)."""
+    overrides = ["train.schedule=noam", "train.warmup_steps=4000"]
+    validated(load_config(config_file, overrides), config_file, overrides)
+    assert "train.lr 0.001 is noam's scale, not its peak: the rate peaks at 2.8e-06" in \
+        caplog.text
+    caplog.clear()
+    validated(load_config(config_file, [*overrides, "train.lr=2"]), config_file, overrides)
+    assert "noam's scale" not in caplog.text
+
+
 def test_one_folder_for_the_data_and_the_model_is_refused(config_file):
     overrides = ["train.out_dir=data-bin/"]
     with pytest.raises(XindaError, match="with --set train.out_dir=data-bin/: train.out_dir "

@@ -154,7 +154,7 @@ class TrainConfig(Strict):
     lr: float = Field(5e-4, gt=0)
     betas: tuple[Beta, Beta] = (0.9, 0.98)
     eps: float = Field(1e-8, gt=0)  # 0 would divide 0 by 0 where a gradient is 0 (see below)
-    momentum: float = Field(0.0, ge=0)  # SGD only
+    momentum: float = Field(0.0, ge=0, lt=1)  # SGD only (1 and more: it diverges)
     weight_decay: float = Field(0.0, ge=0)
     # every schedule restarts at its peak after each growth (`xinda grow`; train/schedule.py)
     schedule: Literal["inverse_sqrt", "noam", "step", "constant"] = "inverse_sqrt"

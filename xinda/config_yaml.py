@@ -34,7 +34,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == MERGE_TAG:  # `<<: *anchor`: its keys may be given again
                 continue
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str) and key in seen:
+            if not isinstance(key, str):  # (a list key: PyYAML's own error names its line)
+                continue
+            if key in seen:
                 raise _DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
             seen.add(key)
         return super().construct_mapping(node, deep)

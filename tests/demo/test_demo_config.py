@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from xinda.config import load_config
 from xinda.demo.numbers import DEMO_SPLITS, write_demo_corpus
 from xinda.demo.run import DEMO_CONFIG, demo_config
@@ -41,3 +43,12 @@ def test_the_corpus_written_by_default_has_the_demo_sizes(tmp_path):
     for split, size in DEMO_SPLITS.items():
         lines = Path(f"{prefixes[split]}.digits").read_text(encoding="utf-8").splitlines()
         assert len(lines) == size
+
+
+@pytest.mark.parametrize("name", ["run #1", "*x", "a: b", "&y", "[z]"])
+def test_a_workdir_is_a_path_whatever_its_characters(tmp_path, name):
+    """Before: pasted into --set values read as YAML, "run #1" lost " #1" to a comment (and
+    two out_dirs became one), "*x" was an alias error, "a: b" a mapping (found by review)."""
+    cfg = demo_config(tmp_path / name)
+    assert cfg.data.out_dir == f"{tmp_path / name}/data-bin"
+    assert cfg.train.out_dir == f"{tmp_path / name}/model"

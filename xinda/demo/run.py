@@ -10,6 +10,7 @@ and exact match. Every setting is in ``numbers.yaml`` beside this file (also
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -50,8 +51,9 @@ def demo_config(workdir: Path | None = None, seconds: float | None = None,
     cfg = load_config(DEMO_CONFIG)
     home = Path(cfg.train.out_dir).parent
 
-    def moved(path: str) -> str:
-        return path if workdir is None else str(Path(workdir) / Path(path).relative_to(home))
+    def moved(path: str) -> str:  # quoted: a --set value is read as YAML ("#", "*", ": ")
+        return json.dumps(path if workdir is None else
+                          str(Path(workdir) / Path(path).relative_to(home)))
 
     data = cfg.data
     moves = [f"data.{name}={moved(getattr(data, name))}" for name in ("train", "valid",

@@ -38,7 +38,7 @@ from xinda.errors import XindaError
 from xinda.models.registry import resolve
 from xinda.train.curves import FIELDS, plot_curves, read_rows
 from xinda.train.progress import Progress
-from xinda.train.schedule import noam_min_lr_problem
+from xinda.train.schedule import noam_min_lr_problem, noam_peak
 from xinda.utils import atomic_write_text
 
 log = logging.getLogger("xinda")
@@ -58,6 +58,10 @@ def checked_model(cfg: ExperimentConfig, source: Path | str = "config",
         log.warning("%s: model: %s: it has no effect", where("model"), unused)
     if problem := noam_min_lr_problem(cfg.train, model.model_dim):
         raise XindaError(f"{where('train', problem)}: {problem}")
+    if cfg.train.schedule == "noam" and (peak := noam_peak(cfg.train, model.model_dim)) < 1e-5:
+        log.warning("%s: train.lr %g is noam's scale, not its peak: the rate peaks at %.3g "
+                    "(the Transformer paper's scale is 1; lr 2 gives %.3g here)",
+                    where("train.lr"), cfg.train.lr, peak, peak * 2 / cfg.train.lr)
     if Path(cfg.train.out_dir).resolve() == Path(cfg.data.out_dir).resolve():
         raise XindaError(f"{where('train.out_dir')}: train.out_dir and data.out_dir are both "
                          f"{cfg.data.out_dir!r}: a new prepare would replace the vocabulary "

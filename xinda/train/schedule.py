@@ -57,10 +57,15 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
     return rate if step < warm else max(rate, cfg.min_lr)  # the floor holds after the warm-up
 
 
+def noam_peak(cfg: TrainConfig, d_model: int) -> float:
+    """The noam schedule's peak rate (Vaswani et al. 2017, eq. 3, at the warm-up's end)."""
+    return cfg.lr * d_model**-0.5 * max(cfg.warmup_steps, 1) ** -0.5
+
+
 def noam_min_lr_problem(cfg: TrainConfig, d_model: int) -> str | None:
     """What is wrong when noam's peak rate is below ``min_lr`` (config.py checks the other
     schedules, whose peak is ``lr``; noam's depends on the model's width)."""
-    peak = cfg.lr * d_model**-0.5 * max(cfg.warmup_steps, 1) ** -0.5
+    peak = noam_peak(cfg, d_model)
     if cfg.schedule == "noam" and cfg.min_lr > peak:
         return (f"train.min_lr {cfg.min_lr:g} is above noam's peak rate {peak:.3g} (lr x "
                 f"d_model^-0.5 x warmup_steps^-0.5, d_model {d_model}): the rate would jump "
