@@ -1,0 +1,63 @@
+"""How many outputs change with the sentences batched beside them, per precision: the first N
+test sentences decoded each alone and all in one batch, beam search, one thread.
+
+    python benchmarks/batch_dependence.py --model MODEL_DIR [--sentences 100] [--beam 5]
+        [--source ../shared/data/multi30k/test2016.de] [--out docs/results/batch-dependence.json]
+
+int8 quantises a call's activations by the range of the whole batch (``xinda/models/
+quantize.py``), so one sentence's output may depend on its neighbours; fp32 and bf16 should
+differ only where float rounding tips a choice. Prints and writes, per precision, the
+sentences whose output differs and their BLEU either way. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from xinda.decode.translator import Translator
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--source", type=Path, default=SHARED / "multi30k" / "test2016.de")
+    parser.add_argument("--sentences", type=int, default=100)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--precisions", default="fp32,bf16,int8")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not args.source.is_file():
+        sys.exit(f"skipped: {args.source} is missing (the Multi30k test set of ../shared/data)")
+    if not (args.model / "config.yaml").is_file():
+        sys.exit(f"{args.model}: not a trained model directory (no config.yaml)")
+    torch.set_num_threads(1)
+    lines = args.source.read_text(encoding="utf-8").splitlines()[:args.sentences]
+    translator = Translator.load(args.model)
+    rows = []
+    for precision in args.precisions.split(","):
+        options = {"beam": args.beam, "precision": precision}
+        batched = translator.translate_text(lines, batch_size=len(lines), **options)
+        alone = [translator.translate_text([line], **options)[0] for line in lines]
+        changed = [i + 1 for i, (a, b) in enumerate(zip(alone, batched)) if a != b]
+        rows.append({"precision": precision, "sentences": len(lines), "changed": len(changed),
+                     "changed_lines": changed,
+                     "bleu_alone_vs_batched": round(sacrebleu.corpus_bleu(
+                         alone, [batched]).score, 2)})
+        print(f"{precision}: {len(changed)} of {len(lines)} outputs differ alone vs batched "
+              f"(lines {changed[:20]}{' ...' if len(changed) > 20 else ''})", flush=True)
+    result = {"model": str(args.model), "source": str(args.source), "beam": args.beam,
+              "threads": 1, "torch": torch.__version__, "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
