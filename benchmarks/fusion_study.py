@@ -156,14 +156,20 @@ def unfinished_run(run_dir: Path, cfg: dict) -> bool:
             and bool(list_checkpoints(run_dir / "model", verify=False)))
 
 
-def code_version() -> str | None:
-    """``git describe --always --dirty`` of this checkout (None outside one): the code a run
-    trained with, kept in its result (a cached result is reused whatever the code now is)."""
+def code_versions(run_dir: Path) -> list[str]:
+    """``git describe --always --dirty`` of this checkout ("unknown" outside one), appended to
+    ``run_dir/code.txt`` at every start or resume of the run; all of them, oldest first: the
+    code a run trained with, kept in its result (a cached result is reused whatever the code
+    now is). A run resumed from before this record began lists only the later versions."""
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        version = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
+        version = "unknown"
+    log = run_dir / "code.txt"
+    with log.open("a", encoding="utf-8") as f:
+        f.write(version + "\n")
+    return log.read_text(encoding="utf-8").split()
 
 
 def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: str,
@@ -178,8 +184,9 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
     resume = unfinished_run(run_dir, cfg)
     if not resume:
         shutil.rmtree(model_dir, ignore_errors=True)  # an earlier attempt with another config
+        (run_dir / "code.txt").unlink(missing_ok=True)
     cfg_path = write_run_config(run_dir, cfg)
-    code = code_version()
+    code = code_versions(run_dir)
     print(f"{label}: training {cfg['train']['max_steps']} updates"
           f"{' (resumed)' if resume else ''}", flush=True)
     train = timed([*xinda, "train", str(cfg_path), *(["--resume"] if resume else [])],
@@ -463,7 +470,8 @@ def run_speed(result: dict) -> float:
 
 def speed_setting(result: dict) -> str:
     """How a run's tok/s was measured: "threads × jobs" (the study's ``--threads`` and
-    ``--jobs``: at most that many runs trained at once; 1 for older results), and whether it
+    ``--jobs``: the runs this process trained at once, not other work on the machine; 1 for
+    older results), and whether it
     is the median log window or the whole run's total."""
     kind = "median window" if result.get("tok_per_s_median_window") else "total"
     return f"{result['config']['train']['threads']} × {result.get('runs_at_once', 1)}, {kind}"
@@ -614,11 +622,13 @@ NOTES = ("BLEU: mean ± sample standard deviation over seeds. Per seed, the syst
          "bootstrap (1000 resamples), whose statistic is close to a one-sided test once |ΔBLEU| "
          "is large (about half the two-sided p) and cannot go much above 0.5. 'Over seeds': a "
          "paired t-test of the same-seed differences (seed-to-seed variance, which the "
-         "per-seed tests leave out). The columns 'best valid loss', 'train tok/s' and 'BLEU "
+         "per-seed tests leave out; on this one test set, so without its sampling variance, "
+         "which the per-seed tests hold). The columns 'best valid loss', 'train tok/s' and 'BLEU "
          "<bucket>' are means over the system's own seeds (the 'seeds' column). Δ vs baseline and "
          "the speed ratio pair each seed with the baseline's same seed (speed: only seeds "
-         "measured with the same threads × jobs). tok/s: per setting, threads × --jobs (at "
-         "most that many runs trained at once). Every run is scored on the average of its "
+         "measured with the same threads × jobs). tok/s: per setting, threads × --jobs (the "
+         "runs this study process trained at once; other work on the machine, such as tests "
+         "or another study, is not recorded). Every run is scored on the average of its "
          "last 5 checkpoints; 'best valid loss' is the minimum of its curve, not necessarily "
          "that checkpoint's. 'mean gate g (cos)': per stack, the retention gate's mean g (the "
          "weight of the fusion in LN((1 - g)·current + g·fusion)) over its fusion points, on "

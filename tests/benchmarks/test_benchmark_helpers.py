@@ -102,6 +102,14 @@ def test_fusion_study_last_fifth_change_compares_the_end_with_the_loss_at_80_per
     assert fusion_study.last_fifth_change([[10, 2.0]]) is None
 
 
+def test_fusion_study_records_the_code_of_every_start_and_resume(tmp_path):
+    """Before: only the last session's checkout, which said nothing of the updates before a
+    resume (found by review)."""
+    first = fusion_study.code_versions(tmp_path)
+    again = fusion_study.code_versions(tmp_path)
+    assert len(first) == 1 and again == first * 2 and first[0]
+
+
 def test_fusion_study_runs_with_the_papers_settings_and_the_chosen_gate():
     args = argparse.Namespace(threads=1, size="small", updates=300, gate="scalar", overrides=[])
     cfg = fusion_study.run_config("de-en", Path("run"), Path("pair"),
