@@ -85,6 +85,7 @@ from sacrebleu.significance import PairedTest
 from xinda.checkpoint import list_checkpoints
 from xinda.config import apply_overrides
 from xinda.evaluate.metrics import bleu_by_length, corpus_scores
+from xinda.evaluate.significance import two_level_interval
 from xinda.train.curves import read_log
 from xinda.utils import read_lines
 
@@ -356,6 +357,28 @@ def paired_p(pair: str, baseline_dir: Path, system_dir: Path,
     return p_values
 
 
+def two_level(pair: str, pair_dir: Path, systems: tuple[str, str], runs: dict
+              ) -> list[float] | None:
+    """The two-level bootstrap interval (seeds and test sentences resampled,
+    ``two_level_interval``) of the mean BLEU difference ``systems[1]`` - ``systems[0]`` over
+    the seeds both ran; None with fewer than 2, or when a run's translations are missing or
+    score otherwise than its result (another run's)."""
+    p = PAIRS[pair]
+    seeds = [s for s in sorted(runs.get(systems[1], {})) if s in runs.get(systems[0], {})]
+    hyps = {(name, s): pair_dir / name / f"seed{s}" / f"{p['test']}.hyp"
+            for s in seeds for name in systems}
+    if len(seeds) < 2 or not all(path.exists() for path in hyps.values()):
+        return None
+    refs = list(read_lines(raw_file(SHARED / p["corpus"] / p["test"], p["tgt"])))
+    lines = {key: list(read_lines(path)) for key, path in hyps.items()}
+    for (name, s), out in lines.items():
+        score = corpus_scores(out, refs, ("bleu",), p["tokenize"])[0].score
+        if abs(round(score, 2) - runs[name][s]["bleu"]) > 0.011:
+            return None
+    found = [(lines[systems[0], s], lines[systems[1], s]) for s in seeds]
+    return [round(x, 3) for x in two_level_interval(found, [refs], p["tokenize"])]
+
+
 def seed_level(deltas: list[float]) -> dict | None:
     """A paired t-test over seeds of the same-seed BLEU differences: their mean, its 95 %
     confidence interval and the two-sided p (seed-to-seed variance, which the per-seed tests
@@ -543,6 +566,8 @@ def summarise(pair: str, pair_dir: Path, runs: dict) -> list[dict]:
                 seed_delta(runs, ("baseline", system), s) for s in sorted(by_seed)],
             "seed_level_vs_baseline": None if system == "baseline" else seed_level(
                 seed_deltas(runs, ("baseline", system))),
+            "two_level_vs_baseline": None if system == "baseline" else two_level(
+                pair, pair_dir, ("baseline", system), runs),
             "tok_per_s_by_setting": speeds_by_setting(by_seed),
             "vs_baseline": None if system == "baseline" else paired_with_baseline(
                 by_seed, runs.get("baseline", {})),
@@ -573,7 +598,8 @@ def compare(pair: str, pair_dir: Path, runs: dict, seeds: list[int]) -> list[dic
                       "delta": [seed_delta(runs, (reference, system), s) for s in both],
                       "p": [seed_test(pair, pair_dir, (reference, system), runs, s)
                             for s in both],
-                      "seed_level": seed_level(seed_deltas(runs, (reference, system)))})
+                      "seed_level": seed_level(seed_deltas(runs, (reference, system))),
+                      "two_level": two_level(pair, pair_dir, (reference, system), runs)})
     return found
 
 
@@ -597,19 +623,21 @@ def p_cell(ps: list, deltas: list[float | None] | None = None) -> str:
                       for p, d in zip(ps, deltas))
 
 
-def seed_level_cell(test: dict | None) -> str:
-    """The seed-level t-test: mean difference [95 % CI], p."""
+def seed_level_cell(test: dict | None, two: list[float] | None = None) -> str:
+    """The seed-level t-test: mean difference [95 % CI], p; then the two-level bootstrap
+    interval (seeds and sentences) where there is one."""
     if test is None:
         return "–"
     low, high = test["ci95"]
     p = "n/a" if test["p"] is None else test["p"]
-    return f"{test['mean']:+.2f} [{low:+.2f}, {high:+.2f}], p {p}"
+    both = "" if two is None else f"; seeds & sentences [{two[0]:+.2f}, {two[1]:+.2f}]"
+    return f"{test['mean']:+.2f} [{low:+.2f}, {high:+.2f}], p {p}{both}"
 
 
 def comparisons_markdown(found: list[dict]) -> list[str]:
     body = [[c["claim"], f"{c['system']} − {c['reference']}", ", ".join(map(str, c["seeds"])),
              f"{c['bleu_difference']:+.2f}", p_cell(c["p"], c.get("delta")),
-             seed_level_cell(c.get("seed_level"))] for c in found]
+             seed_level_cell(c.get("seed_level"), c.get("two_level"))] for c in found]
     header = ["the paper's claim", "BLEU difference", "seeds (both systems)",
               "mean difference over those seeds", "difference (p) per seed",
               "over seeds: mean [95 % CI], p"]
@@ -623,7 +651,10 @@ NOTES = ("BLEU: mean ± sample standard deviation over seeds. Per seed, the syst
          "is large (about half the two-sided p) and cannot go much above 0.5. 'Over seeds': a "
          "paired t-test of the same-seed differences (seed-to-seed variance, which the "
          "per-seed tests leave out; on this one test set, so without its sampling variance, "
-         "which the per-seed tests hold). The columns 'best valid loss', 'train tok/s' and 'BLEU "
+         "which the per-seed tests hold), then 'seeds & sentences', the 95 % interval of the "
+         "mean difference when seeds and test sentences are both resampled (1000 two-level "
+         "bootstrap samples, xinda.evaluate.significance.two_level_interval), which holds "
+         "both. The columns 'best valid loss', 'train tok/s' and 'BLEU "
          "<bucket>' are means over the system's own seeds (the 'seeds' column). Δ vs baseline and "
          "the speed ratio pair each seed with the baseline's same seed (speed: only seeds "
          "measured with the same threads × jobs). tok/s: per setting, threads × --jobs (the "
@@ -660,7 +691,7 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              bleu_cell(r["bleu_mean"], r["bleu_std"]), vs_baseline_cells(r)[0],
              "–" if r["p_vs_baseline"] is None else p_cell(r["p_vs_baseline"],
                                                             r.get("delta_vs_baseline")),
-             seed_level_cell(r.get("seed_level_vs_baseline")),
+             seed_level_cell(r.get("seed_level_vs_baseline"), r.get("two_level_vs_baseline")),
              " / ".join(f"{v} ({k})" for k, v in r["tok_per_s_by_setting"].items()),
              vs_baseline_cells(r)[1], r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),

@@ -138,3 +138,22 @@ def test_chinese_is_scored_in_characters_and_case_only_changes_are_not_differenc
     [same] = paired_tests(words, [w.lower() for w in words], words, ["bleu"], lowercase=True,
                           trials=50, samples=50)
     assert same.differing == 0 and same.p == 1.0
+
+
+def test_the_two_level_interval_holds_the_runs_spread_and_the_test_sets():
+    """Runs that disagree in sign (a gain in one, a loss in the other): each run's own
+    bootstrap lies on its side of 0, the two-level interval spans both; swapping the systems
+    mirrors it; identical outputs give (0, 0)."""
+    refs, worse, better = corpus(60, 3, 0.2, gap=0.3)
+    runs = [(worse, better), (better, worse)]
+    [up] = paired_tests(worse, better, [refs])
+    [down] = paired_tests(better, worse, [refs])
+    assert up.ci95[0] > 0 > down.ci95[1]
+    low, high = significance.two_level_interval(runs, [refs], samples=300)
+    assert low < down.ci95[1] < 0 < up.ci95[0] < high
+    mirrored = significance.two_level_interval([(b, a) for a, b in runs], [refs], samples=300)
+    assert mirrored == pytest.approx((-high, -low))
+    assert significance.two_level_interval([(refs, refs), (worse, worse)], [refs],
+                                           samples=50) == (0.0, 0.0)
+    with pytest.raises(XindaError, match="hypotheses have 59 lines"):
+        significance.two_level_interval([(worse, better[:-1])], [refs])

@@ -14,6 +14,8 @@ Both tests work on sacreBLEU's sentence statistics (n-gram matches, edit counts:
   is 1.
 - Paired bootstrap (Koehn 2004): the test set resampled with replacement; the 95 % percentile
   interval of the difference system - baseline.
+- Over several runs (training seeds), ``two_level_interval``: the runs and the sentences both
+  resampled, for the mean difference.
 """
 
 from __future__ import annotations
@@ -168,5 +170,35 @@ def bootstrap_interval(metric, base: np.ndarray, sys_: np.ndarray, samples: int,
         weights = np.stack([np.bincount(row, minlength=n) for row in picked]).astype(np.float64)
         diffs += [_score(metric, s) - _score(metric, b)
                   for s, b in zip(weights @ sys_, weights @ base)]
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def two_level_interval(runs: Sequence[tuple[Sequence[str], Sequence[str]]], refs: Refs,
+                       tokenize: str | None = None, samples: int = BOOTSTRAP_SAMPLES,
+                       seed: int = SEED) -> tuple[float, float]:
+    """The 95 % percentile interval of the mean BLEU difference system - baseline over paired
+    runs (each a (baseline, system) pair of translations of the same test set, e.g. one per
+    training seed) when both levels are resampled with replacement: the runs, and the test
+    sentences (one draw shared by the runs drawn). It holds the seed-to-seed variance that a
+    per-run test leaves out and the test-set variance that a t-test over seeds on one test
+    set leaves out (the optimizer instability of Clark et al. 2011)."""
+    if not runs:
+        raise XindaError("a two-level interval needs at least one pair of runs")
+    streams = _ref_streams(refs)
+    for base, sys_ in runs:
+        _check_lengths(check_lines(sys_, "hypotheses"), streams)
+        _check_lengths(check_lines(base, "baseline"), streams)
+    metric = _make_bleu(resolve_tokenizer(tokenize, streams))
+    with _quiet_sacrebleu():
+        stats = np.stack([[np.asarray(metric._extract_corpus_statistics(list(hyps), streams),
+                                      dtype=np.float64) for hyps in run] for run in runs])
+    rng, n_runs, n = np.random.default_rng(seed), len(runs), stats.shape[2]  # (runs, 2, n, k)
+    diffs = []
+    for _ in range(samples):
+        drawn = stats[rng.integers(n_runs, size=n_runs)]
+        weights = np.bincount(rng.integers(n, size=n), minlength=n).astype(np.float64)
+        summed = np.einsum("n,rsnk->rsk", weights, drawn)  # (runs, 2, k)
+        diffs.append(np.mean([_score(metric, s) - _score(metric, b) for b, s in summed]))
     low, high = np.percentile(diffs, [2.5, 97.5])
     return float(low), float(high)
