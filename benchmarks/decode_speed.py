@@ -9,9 +9,9 @@ Every system decodes the same sentencepiece pieces of Multi30k test2016 (1000 se
 beam 5 and greedy, batches of up to 64 sentences sorted by length, max length 1.5 * src + 10;
 and, for the latency rows, ``--latency`` sentences one at a time (batch 1; the median over
 sentences). Runs are interleaved (system A, B, ..., then again) and the median of ``--repeats``
-is kept, since the machine is shared. BLEU (sacrebleu, detokenised by the model's own pipeline) is reported for
-each system; CTranslate2 divides scores by the length (length_penalty 1) where xinda uses
-GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. xinda ends a
+is kept, since the machine is shared. BLEU (sacrebleu, detokenised by the model's own pipeline) is
+reported for each system; CTranslate2 divides scores by the length (length_penalty 1) where xinda
+uses GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. xinda ends a
 sentence's beam search after ``beam`` finished hypotheses (``decode.stop: beam``); the row
 "stop=best" ends it once a step's best candidate is finished, the rule CTranslate2 uses. With
 ``--threads N`` > 1 the rows "workers=N" decode in N one-thread xinda processes, and

@@ -147,7 +147,8 @@ def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
     peak_mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {"preset": preset, "max_tokens": max_tokens, "parameters": model.num_parameters(),
             "updates": len(batches) - args.warmup, "seconds": round(seconds, 2),
-            "tgt_tok_per_s": round(tokens / seconds), "model_tflops": round(flops / seconds / 1e12, 4),
+            "tgt_tok_per_s": round(tokens / seconds),
+            "model_tflops": round(flops / seconds / 1e12, 4),
             "peak_memory_gib": None if peak_mem is None else round(peak_mem, 1)}
 
 

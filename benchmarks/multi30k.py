@@ -3,10 +3,11 @@
     python benchmarks/multi30k.py [--budget 1800 | --updates N] [--pair en-de|zh-en]
         [--workdir DIR]
 
-Runs ``xinda prepare``, ``xinda train`` (wall-clock budget, or exactly N updates) and ``xinda translate`` (beam 5)
-as separate processes under ``/usr/bin/time -v`` and reports train target tokens/s, peak RSS,
-BLEU/chrF (sacrebleu) on the test set and decode sentences/s. Not a test: it takes the budget
-plus a few minutes. Needs ../shared/data (skips with a message when absent).
+Runs ``xinda prepare``, ``xinda train`` (wall-clock budget, or exactly N updates) and
+``xinda translate`` (beam 5) as separate processes under ``/usr/bin/time -v`` and reports train
+target tokens/s, peak RSS, BLEU/chrF (sacrebleu) on the test set and decode sentences/s. Not a
+test: it takes the budget plus a few minutes. Needs ../shared/data (skips with a message when
+absent).
 """
 
 from __future__ import annotations

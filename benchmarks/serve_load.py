@@ -294,7 +294,8 @@ def report(runs: list[dict], summary: dict, args: argparse.Namespace) -> str:
                   m["mean_batch_requests"]]
                  for name, m in summary["medians"].items()]
     title = (f"`xinda serve` load: {summary['model']}, {args.clients} clients, "
-             f"{args.seconds:g} s (+{args.warmup:g} s warm-up), server threads {args.threads or 'default'}, "
+             f"{args.seconds:g} s (+{args.warmup:g} s warm-up), "
+             f"server threads {args.threads or 'default'}, "
              f"{os.cpu_count()} CPUs")
     lines = [title, "", *markdown_table(header, rows), "",
              f"sentences/s batching on / off: **{summary['ratio_on_off']}**", ""]
@@ -336,7 +337,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if not args.model.is_dir():
-        print(f"skipped: no model at {args.model}; train one (from {ROOT}) with:\n  {SERVE_MODEL_HINT}")
+        print(f"skipped: no model at {args.model}; train one (from {ROOT}) with:\n"
+              f"  {SERVE_MODEL_HINT}")
         return
     if not args.sources.is_file():
         print(f"skipped: {args.sources} not found (set XINDA_SHARED_DATA or give --sources)")

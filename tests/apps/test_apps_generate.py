@@ -130,7 +130,8 @@ def test_a_sampling_model_still_writes_nbest_couplets_and_poems(model_dir):
     assert len(write_poems(tr, [PoemPrompt(keywords=("春",), form=5)], nbest=2)[0]) == 2
     # asked for by the caller: one line naming what to do, not "beam, nbest: beam-search
     # options, not used when sampling", which the caller never gave (found by review)
-    for write, prompt in ((write_couplets, "春风一夜江山绿"), (write_poems, PoemPrompt(("春",), 5))):
+    for write, prompt in ((write_couplets, "春风一夜江山绿"),
+                          (write_poems, PoemPrompt(("春",), 5))):
         with pytest.raises(XindaError, match="written by beam search: sampling is not supported"):
             write(tr, [prompt], nbest=2, sampling=True)
 
@@ -445,3 +446,12 @@ def test_ban_source_copy_bans_both_pieces_that_write_a_source_character(translat
     vocab = translator.tgt_vocab
     both = {i for i in vocab.pieces_to_ids(["江", "\u2581江"]) if i != vocab.unk}
     assert len(both) == 2 and both <= set(ban.tokens[1])  # "三江"
+
+
+def test_translate_options_beside_the_decode_settings_still_pass(translator):
+    """Before a review: the length check validated every option as a decode setting, so
+    need_attention (which translate takes) became "decode.need_attention: Extra inputs"."""
+    [[out]] = write_couplets(translator, ["春风"], need_attention=True)
+    assert out.error is None and len(out.text) == 2
+    [[poem]] = write_poems(translator, [PoemPrompt(("春",), 5)], need_attention=True)
+    assert poem.error is None

@@ -63,7 +63,8 @@ def broken_gz(kind: str) -> bytes:
     if kind == "crc":  # the CRC-32 in the trailer
         return data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:]
     if kind == "corrupt":  # a flipped byte in the middle of the deflate stream
-        return data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
+        mid = len(data) // 2
+        return data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
     if kind == "trailing":
         return data + b"not gzip"
     return GZ_TEXT  # "plain": not gzip at all
@@ -136,7 +137,8 @@ def test_prepare_truncated_gz_writes_nothing(tmp_path):
 
 def test_directory_is_not_reported_as_missing(tmp_path):
     (tmp_path / "train.en").mkdir()
-    assert read_error(tmp_path / "train.en") == f"{tmp_path / 'train.en'}: is a directory, not a file"
+    assert read_error(tmp_path / "train.en") == (
+        f"{tmp_path / 'train.en'}: is a directory, not a file")
     with pytest.raises(XindaError) as info:
         corpus_file(str(tmp_path / "train"), "en")
     assert str(info.value) == f"{tmp_path / 'train.en'}: is a directory, not a corpus file"
@@ -456,7 +458,8 @@ def test_a_rerun_removes_the_files_the_new_dataset_does_not_have(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "notes.md").write_text("mine")  # not the dataset's: stays
     prepare(config(tmp_path, train=train, test={"x": test}), log=lambda _: None)
-    assert (tmp_path / "bin" / "x.src.ids.npy").exists() and (tmp_path / "bin" / "spm.model").exists()
+    assert ((tmp_path / "bin" / "x.src.ids.npy").exists()
+            and (tmp_path / "bin" / "spm.model").exists())
     prepare(config(tmp_path, train=train, joint_vocab=False), log=lambda _: None)
     left = {p.name for p in (tmp_path / "bin").iterdir()}
     assert not {name for name in left if name.startswith("x.")} and "spm.model" not in left

@@ -102,7 +102,8 @@ def test_arrays_decode_to_preprocessed_text(prepared):
 def test_raw_text_kept_for_valid_and_test(prepared):
     cfg, _, valid = prepared
     out = Path(cfg.out_dir)
-    assert (out / "valid.tgt.txt").read_text(encoding="utf-8") == "".join(f"{t}\n" for _, t in valid)
+    assert (out / "valid.tgt.txt").read_text(encoding="utf-8") == "".join(
+        f"{t}\n" for _, t in valid)
     assert (out / "test1.src.txt").read_text(encoding="utf-8").count("\n") == 20
     assert not list(out.glob("train.*.txt"))
 

@@ -138,7 +138,8 @@ def test_a_sentencepiece_space_symbol_is_cleaned_to_an_underscore(tmp_path):
 
 @pytest.mark.parametrize(
     "line",
-    ["我爱北京天安门和Python编程。", "我喜欢NLP and deep learning。", "他说：“你好！”价格是1,000元。",
+    ["我爱北京天安门和Python编程。", "我喜欢NLP and deep learning。",
+     "他说：“你好！”价格是1,000元。",
      # before: "10: 30", "www. google. com", "a_b@c. com"
      "会议在10:30开始。", "访问www.google.com查看。", "写信到a_b@c.com吧。",
      # before: "Tom&Jerry和a-b=c", "x+y"
@@ -194,7 +195,8 @@ def test_none_is_identity_after_cleaning():
     ("\ufeffHello\u200b world", "Hello world"),  # BOM, zero-width space
     ("a\u00adb \u200fc\u202bd\u202c", "ab cd"),  # soft hyphen, bidirectional marks
     ("\u200b\u2060", ""),  # nothing visible left
-    ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0645", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0645"),  # ZWNJ
+    ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0645",  # ZWNJ
+     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0645"),
     ("\U0001f468\u200d\U0001f373", "\U0001f468\u200d\U0001f373"),  # ZWJ emoji sequence
 ])
 def test_cleaning_drops_display_only_format_characters_and_keeps_joiners(line, cleaned):

@@ -230,7 +230,8 @@ def test_korean_keeps_word_level_scoring_by_default() -> None:
     """Before: Hangul counted as unsegmented CJK, so Korean (spaces between words) got BLEU
     "tok:zh", TER with Asian support, ROUGE over characters and length buckets in characters
     (found by review)."""
-    hyps, refs = ["저는 학생입니다 지금", "오늘 날씨가 좋다"], ["저는 학생입니다", "오늘 날씨가 좋네요"]
+    hyps = ["저는 학생입니다 지금", "오늘 날씨가 좋다"]
+    refs = ["저는 학생입니다", "오늘 날씨가 좋네요"]
     bleu, ter = (corpus_scores(hyps, refs, metrics=(m,))[0] for m in ("bleu", "ter"))
     assert "tok:13a" in bleu.signature and "asian:no" in ter.signature
     assert ter.score == corpus_scores(hyps, refs, metrics=("ter",), tokenize="13a")[0].score
@@ -264,7 +265,8 @@ def test_rouge_chinese_counts_characters(tokenize) -> None:
 def test_rouge_with_a_japanese_tokenizer_counts_characters() -> None:
     """Before: "ja-mecab" counted words, one per unsegmented clause: 50.0 / 0.0 where the
     automatic choice (characters) gave 93.6 (found by review)."""
-    hyp, ref = ["わたしはがくせいです。きょうはいいてんきですね。"], ["わたしはがくせいだ。きょうはいいてんきですね。"]
+    hyp = ["わたしはがくせいです。きょうはいいてんきですね。"]
+    ref = ["わたしはがくせいだ。きょうはいいてんきですね。"]
     assert rouge_scores(hyp, ref, "ja-mecab") == rouge_scores(hyp, ref, "char")
     assert rouge_scores(hyp, ref, "ja-mecab")[0].score > 90
 

@@ -157,7 +157,8 @@ def test_training_attention_with_dropout_equals_reference(mask):
     attn = MultiHeadAttention(D, H, dropout=0.2, self_attention=True).train()
     torch.manual_seed(16)
     t, s = (3, 5) if mask == "causal-behind-cache" else (5, 5)
-    q, k, v = torch.randn(2, H, t, D // H), torch.randn(2, H, s, D // H), torch.randn(2, H, s, D // H)
+    q, k, v = (torch.randn(2, H, t, D // H), torch.randn(2, H, s, D // H),
+               torch.randn(2, H, s, D // H))
     keep = _pad_keep([5, 3], s) if mask in ("padding", "both") else None
     causal = mask != "padding"
     torch.manual_seed(17)

@@ -105,8 +105,8 @@ def test_concurrent_requests_then_sigterm_lets_the_request_in_flight_finish(serv
 ])
 def test_refusals_at_start_are_one_line(served_model_dir, args, fragment):
     proc = subprocess.run([*xinda_command(), "serve", str(served_model_dir), *args],
-                          capture_output=True, text=True, timeout=120, env=subprocess_env(XINDA_API_KEY=""),
-                          check=False)
+                          capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(XINDA_API_KEY=""), check=False)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xinda: error:"), proc.stderr
@@ -129,6 +129,7 @@ def test_a_port_in_use_is_one_line(served_model_dir):
 
 def test_a_missing_model_directory_is_one_line(tmp_path):
     proc = subprocess.run([*xinda_command(), "serve", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=120, env=subprocess_env(), check=False)
+                          capture_output=True, text=True, timeout=120, env=subprocess_env(),
+                          check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("xinda: error:")

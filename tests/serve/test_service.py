@@ -20,7 +20,8 @@ def metric(client, name: str, **labels: str) -> float:
     """The value of one sample of /metrics (0 when absent)."""
     text = client.get("/metrics").text
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    match = re.search(rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$", text, re.MULTILINE)
+    pattern = rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$"
+    match = re.search(pattern, text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
 

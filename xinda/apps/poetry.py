@@ -14,12 +14,12 @@ converted to simplified characters with OpenCC ``t2s``), files ``{split}.kw`` ->
 - Keywords, deterministic per poem: jieba's TF-IDF ranking (``jieba.analyse.extract_tags``) of
   the words of the title and the four lines, keeping words of two Han characters (its ranking
   skips one-character words) other than the numbering and form words of titles (其二, 三首,
-  五绝, 绝句); words in jieba's dictionary rank before the others (the others are mostly segmentation
-  fragments). Being words of the text, every keyword's characters occur in the title or poem.
-  The number of keywords is drawn from 1-4 with ``random.Random(f"{seed}:{poem id}")``, so the
-  model sees prompts of every size, and capped by the candidates; a poem without any candidate
-  gets the first two characters of its first line. The chosen keywords are listed in the order
-  they first occur in the title and poem.
+  五绝, 绝句); words in jieba's dictionary rank before the others (the others are mostly
+  segmentation fragments). Being words of the text, every keyword's characters occur in the
+  title or poem. The number of keywords is drawn from 1-4 with
+  ``random.Random(f"{seed}:{poem id}")``, so the model sees prompts of every size, and capped
+  by the candidates; a poem without any candidate gets the first two characters of its first
+  line. The chosen keywords are listed in the order they first occur in the title and poem.
 
 Acrostic poems (藏头诗) and exact layouts are decoding constraints (``xinda.decode``): the
 model is the same, the search fixes the first character of each line or the positions of the

@@ -39,8 +39,9 @@ is also logged as a warning.
 The training corpus is streamed (``xinda.data.train_stream``): sentencepiece trains on a seeded
 sample of ``data.spm_sample`` pairs (the whole corpus, in order, when it is smaller) and the
 arrays grow chunk by chunk, so memory does not grow with the corpus (except for the
-deduplication digest, about 100 bytes per distinct pair, see ``xinda.data.filtering``). Valid and test sets are
-small and read whole. The output does not depend on ``data.chunk_size`` or ``data.workers``.
+deduplication digest, about 100 bytes per distinct pair, see ``xinda.data.filtering``). Valid
+and test sets are small and read whole. The output does not depend on ``data.chunk_size`` or
+``data.workers``.
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def train_spm(lines: list[str], cfg: DataConfig) -> bytes:
             minloglevel=2,
         )
     except RuntimeError as err:
-        raise XindaError(f"{cfg.train}: sentencepiece training failed: {_spm_error(err, cfg.byte_fallback)}") from None
+        raise XindaError(f"{cfg.train}: sentencepiece training failed: "
+                         f"{_spm_error(err, cfg.byte_fallback)}") from None
     return model.getvalue()
 
 

@@ -157,8 +157,10 @@ class Worker:
                 break
             self.backlog.remove(job)
             tokens += self._add(batch, job)
+        if first.alone:  # no job can join it: nothing to wait for
+            return
         deadline = time.monotonic() + self.settings.max_wait_ms / 1000
-        while not first.alone and self._room(batch, tokens) and len(self.backlog) < self.settings.max_batch_requests:
+        while self._room(batch, tokens) and len(self.backlog) < self.settings.max_batch_requests:
             job = self._take(deadline - time.monotonic())
             if job is None:
                 break
