@@ -21,14 +21,15 @@ The paper's settings: Adam, lr 5e-4, inverse-sqrt schedule, betas (0.9, 0.99), e
 dropout 0.3, label smoothing 0.1, at most 5000 tokens per batch, beam 5. ``--size small`` is
 3+3 x 256 (CPU; 1000 warm-up updates), ``base`` 6+6 x 512 (GPU; 4000). Every run trains exactly
 ``--updates`` updates, validates (loss) at each epoch end and is scored on the average of its
-last 5 checkpoints (the last epoch ends and the final update). The baseline's validation loss over the last fifth of the updates
-says whether it has plateaued: compare ``valid_loss_change_last_fifth`` across update counts.
+last 5 checkpoints (the last epoch ends and the final update). The baseline's validation loss over
+the last fifth of the updates says whether it has plateaued: compare
+``valid_loss_change_last_fifth`` across update counts.
 
 Per pair: BLEU mean +- std over seeds, the paired tests of each seed's output against the
 baseline with the same seed (sacrebleu's approximate randomization, two-sided, and its paired
 bootstrap; p per seed) with a t-test of the differences over seeds and, for the paper's claims
-between two fusion systems (``COMPARISONS``), against the other system, BLEU by source-length bucket,
-parameters, tokens/s, the validation curves (drawn in WORKDIR/fusion_study-PAIR-valid.png)
+between two fusion systems (``COMPARISONS``), against the other system, BLEU by source-length
+bucket, parameters, tokens/s, the validation curves (drawn in WORKDIR/fusion_study-PAIR-valid.png)
 and, for fusion systems, how much of the fusion the retention gates let through
 (``fusion_gates.py`` on the averaged weights, recorded in each run's result).
 ``--gate-throughput`` instead trains sub-layer fusion with each gate form (elementwise, matrix,
@@ -39,10 +40,10 @@ folder does not name its update count, gate or overrides: give a study with anot
 ``--updates``, ``--gate`` or ``--set`` its own ``--workdir`` (in the same one it would train
 over the other recipe's runs). Every finished run is also kept, without its checkpoints, in
 ``--keep``/PAIR-SIZE-UPDATES[-gate-G][-set-HASH]/SYSTEM-seedN.{json,hyp} (its result and test
-translations, paths made portable); a fresh checkout or machine restores runs from there instead of training them
-again. Commit that folder to carry a CPU study over several sessions. ``--report-only`` writes
-the tables from the finished and kept runs alone, while others are still training: each system
-over the seeds it has (the "seeds" column). On a CPU, two runs at
+translations, paths made portable); a fresh checkout or machine restores runs from there instead of
+training them again. Commit that folder to carry a CPU study over several sessions.
+``--report-only`` writes the tables from the finished and kept runs alone, while others are still
+training: each system over the seeds it has (the "seeds" column). On a CPU, two runs at
 once with a thread each (``--jobs 2 --threads 1`` on 2 cores) train 17 % more tokens/s in all
 than one 2-thread run at a time (``benchmarks/cpu_sharing.py``).
 """
@@ -361,13 +362,14 @@ def two_level(pair: str, pair_dir: Path, systems: tuple[str, str], runs: dict
               ) -> list[float] | None:
     """The two-level bootstrap interval (seeds and test sentences resampled,
     ``two_level_interval``) of the mean BLEU difference ``systems[1]`` - ``systems[0]`` over
-    the seeds both ran; None with fewer than 2, or when a run's translations are missing or
-    score otherwise than its result (another run's)."""
+    the seeds both ran; None with fewer than 3 (resampling 2 runs draws only 3 distinct sets:
+    a run level that says nothing), or when a run's translations are missing or score
+    otherwise than its result (another run's)."""
     p = PAIRS[pair]
     seeds = [s for s in sorted(runs.get(systems[1], {})) if s in runs.get(systems[0], {})]
     hyps = {(name, s): pair_dir / name / f"seed{s}" / f"{p['test']}.hyp"
             for s in seeds for name in systems}
-    if len(seeds) < 2 or not all(path.exists() for path in hyps.values()):
+    if len(seeds) < 3 or not all(path.exists() for path in hyps.values()):
         return None
     refs = list(read_lines(raw_file(SHARED / p["corpus"] / p["test"], p["tgt"])))
     lines = {key: list(read_lines(path)) for key, path in hyps.items()}
@@ -695,7 +697,8 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
              " / ".join(f"{v} ({k})" for k, v in r["tok_per_s_by_setting"].items()),
              vs_baseline_cells(r)[1], r["best_valid_loss"],
              " / ".join(f"{c:+.2%}" for c in r["valid_loss_change_last_fifth"] if c is not None),
-             gates_cell(r.get("gates")), *(r["bleu_by_length"].get(b, "–") for b in buckets)] for r in rows]
+             gates_cell(r.get("gates")), *(r["bleu_by_length"].get(b, "–") for b in buckets)]
+            for r in rows]
     updates = sorted({u for r in rows for u in r.get("updates", [])})
     other = [u for u in updates if u != args.updates]
     title = (f"### {pair}: {args.size}, {args.updates} updates, gate {args.gate}, seeds "

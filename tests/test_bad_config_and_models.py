@@ -137,8 +137,8 @@ def test_an_eps_that_is_0_in_float32_is_refused():
     """Before: eps 1e-300 was accepted, became 0 in the optimizer's float32 and gave a NaN loss,
     reported as "lower train.lr"."""
     assert error(load_config, None, ["train.eps=1e-300"]) == (
-        "--set train.eps=1e-300: train.eps: 1e-300 is below float32's smallest normal number 1.18e-38: 0 in "
-        "the optimizer's float32, a NaN loss")
+        "--set train.eps=1e-300: train.eps: 1e-300 is below float32's smallest normal number "
+        "1.18e-38: 0 in the optimizer's float32, a NaN loss")
     assert load_config(None, ["train.eps=1.2e-38"]).train.eps == 1.2e-38
 
 
@@ -267,6 +267,9 @@ def test_too_many_threads_is_one_line_not_a_crash():
     ({"arch": {"a": 1}}, "model.arch: unknown architecture {'a': 1}"),
     ({"preset": "transformer-tiny", "arch": "rnn"},
      "model.arch: 'rnn' conflicts with preset 'transformer-tiny', a transformer model"),
+    # a preset set over a trained model's config.yaml (every field): the fields won, silently
+    ({"preset": "transformer-big", "arch": "transformer", "d_model": 128},
+     "model: preset 'transformer-big' and model.arch together"),
     ({"arch": "rnn", "embed_dim": True}, "model.embed_dim: expected a number, got the boolean"),
 ])
 def test_model_specs_of_the_wrong_shape_are_one_line(spec, message):

@@ -209,13 +209,17 @@ def save_checkpoint(model_dir: str | Path, step: int, model: torch.nn.Module,
     # ranked among the steps up to this one: a newer one is a corrupt one that resuming
     # passed over, and must not take a place of the kept (it goes once the run passes it)
     done = [c for c in list_checkpoints(model_dir, verify=False) if _step_of(c) <= step]
-    stopped = [c for c in done[:-1] if (_read_document(c, False)[0] or {}).get(
-        "state", {}).get("stopped_here")]
+    stopped = [c for c in done[:-1] if _stopped_here(c)]
     done = [c for c in done if c not in stopped]
     for old in stopped + done[:-keep_last]:
         for path in (state_json(old), state_tensors(old), old):  # the commit mark first
             path.unlink(missing_ok=True)
     return weights
+
+
+def _stopped_here(weights: Path) -> bool:  # saved off the grid (``save_checkpoint``)
+    state = (_read_document(weights, False)[0] or {}).get("state")
+    return isinstance(state, dict) and bool(state.get("stopped_here"))
 
 
 def _write_checkpoint(weights: Path, step: int, model: torch.nn.Module, state: dict) -> None:
@@ -284,8 +288,6 @@ def _read_document(weights: Path, verify: bool) -> tuple[dict | None, str]:
     except (ValueError, UnicodeDecodeError) as err:
         return None, f"{meta.name} is not valid JSON ({error_text(err)})"
     check_format(document, meta)
-    if not isinstance(document.get("state"), dict):  # (damaged by hand: as check_format)
-        raise XindaError(f"{meta}: not a xinda training state (its \"state\" is not an object)")
     files = document.get("files")
     for path in (weights, state_tensors(weights)):
         record = files.get(path.name) if isinstance(files, dict) else None
@@ -331,6 +333,9 @@ def load_state(weights: Path) -> dict:
     document, problem = _read_document(weights, verify=True)
     if document is None:
         raise XindaError(f"{weights}: incomplete checkpoint: {problem}")
+    if not isinstance(document.get("state"), dict):  # (damaged by hand)
+        raise XindaError(f"{state_json(weights)}: not a xinda training state (its \"state\" "
+                         "is not an object)")
     try:
         tensors = load_file(str(state_tensors(weights)))
     except (SafetensorError, OSError) as err:

@@ -157,3 +157,8 @@ def test_the_two_level_interval_holds_the_runs_spread_and_the_test_sets():
                                            samples=50) == (0.0, 0.0)
     with pytest.raises(XindaError, match="hypotheses have 59 lines"):
         significance.two_level_interval([(worse, better[:-1])], [refs])
+    with pytest.raises(XindaError, match="a resample at least"):
+        significance.two_level_interval(runs, [refs], samples=0)
+    # iterators read once (before a review: used up by the checks, then a numpy error)
+    assert significance.two_level_interval(((iter(a), iter(b)) for a, b in runs), [refs],
+                                           samples=300) == (low, high)

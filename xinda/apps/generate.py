@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from xinda.apps.corpus import to_simplified
 from xinda.apps.poetry import FORMS, source_text, template
 from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
+from xinda.config import DecodeConfig
 from xinda.decode.translator import Translation, Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, is_punctuation
@@ -97,8 +98,10 @@ def check_source_fits(translator: Translator, source: str, where: str,
                       options: dict | None = None) -> None:
     """A XindaError unless the model reads ``source`` whole: a cut source would give a second
     line as long as the whole first line written from a part of it, a poem without its last
-    keywords. ``options``: decode settings (``decode.max_input_len``)."""
-    dec = translator.decode_settings(dict(options or {}))
+    keywords. ``options``: what ``translate`` takes; its decode settings count
+    (``decode.max_input_len``)."""
+    dec = translator.decode_settings({k: v for k, v in (options or {}).items()
+                                      if k in DecodeConfig.model_fields})
     limit = translator.source_limit(dec)
     if (size := len(translator.source_ids(source, False, where))) > limit:
         named = ("decode.max_input_len" if limit == dec.max_input_len

@@ -183,15 +183,17 @@ def two_level_interval(runs: Sequence[tuple[Sequence[str], Sequence[str]]], refs
     sentences (one draw shared by the runs drawn). It holds the seed-to-seed variance that a
     per-run test leaves out and the test-set variance that a t-test over seeds on one test
     set leaves out (the optimizer instability of Clark et al. 2011)."""
-    if not runs:
-        raise XindaError("a two-level interval needs at least one pair of runs")
+    runs = [(check_lines(base, "baseline"), check_lines(sys_, "hypotheses"))
+            for base, sys_ in runs]
+    if not runs or samples < 1:
+        raise XindaError("a two-level interval needs a pair of runs and a resample at least")
     streams = _ref_streams(refs)
-    for base, sys_ in runs:
-        _check_lengths(check_lines(sys_, "hypotheses"), streams)
-        _check_lengths(check_lines(base, "baseline"), streams)
+    for run in runs:
+        for hyps in run:
+            _check_lengths(hyps, streams)
     metric = _make_bleu(resolve_tokenizer(tokenize, streams))
     with _quiet_sacrebleu():
-        stats = np.stack([[np.asarray(metric._extract_corpus_statistics(list(hyps), streams),
+        stats = np.stack([[np.asarray(metric._extract_corpus_statistics(hyps, streams),
                                       dtype=np.float64) for hyps in run] for run in runs])
     rng, n_runs, n = np.random.default_rng(seed), len(runs), stats.shape[2]  # (runs, 2, n, k)
     diffs = []
