@@ -330,3 +330,15 @@ def test_fused_loss_gradient_equals_reference_autograd(dtype):
     assert torch.allclose(fused, ref) and torch.allclose(fused_nll, ref_nll)
     assert torch.allclose(grad_fused.float(), logits.grad.float(), atol=1e-6)
     assert grad_fused[0, 3:].abs().sum() == 0  # pad rows get no gradient
+
+
+def test_min_lr_with_the_constant_schedule_warns(caplog):
+    """It can never apply (found by review); a warning, since a saved run's config with it
+    must still load."""
+    from xinda.train.run_dir import warn_validation_settings
+
+    warn_validation_settings(cfg(schedule="constant", min_lr=1e-5), True, True)
+    assert "train.min_lr 1e-05 has no effect: the constant schedule never decays" in caplog.text
+    caplog.clear()
+    warn_validation_settings(cfg(schedule="inverse_sqrt", min_lr=1e-5), True, True)
+    assert "min_lr" not in caplog.text

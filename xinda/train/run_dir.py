@@ -331,6 +331,9 @@ def warn_validation_settings(tc: TrainConfig, has_valid: bool, has_scorer: bool)
         log.warning("train.patience %d has no effect: %s", tc.patience,
                     "train.run_validation is off" if has_valid
                     else "the prepared data has no valid split")
+    if tc.min_lr and tc.schedule == "constant":  # (not refused: saved runs would not load)
+        log.warning("train.min_lr %g has no effect: the constant schedule never decays",
+                    tc.min_lr)
     if tc.valid_bleu and tc.run_validation and has_valid and not has_scorer:
         log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
                     "(xinda.evaluate.validation.validation_bleu builds one)")
