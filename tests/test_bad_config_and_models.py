@@ -217,8 +217,6 @@ def test_yaml_merge_keys_are_read_and_may_be_given_again(tmp_path):
      "train: eps applies only with optimizer adam (it is sgd)"),
     (["train.decay_every=10"],
      "train: decay_every applies only with schedule step (it is inverse_sqrt)"),
-    (["train.schedule=constant", "train.min_lr=1e-5"],
-     "train: min_lr applies only with a decaying schedule (it is constant)"),
     (["data.pretok_src=jieba", "data.moses_lang_src=en"],  # found by review
      "data: moses_lang_src applies only with pretok_src moses (it is jieba)"),
 ])

@@ -224,8 +224,6 @@ class TrainConfig(Strict):
         for name, (key, needed) in only.items():
             if name in changed and getattr(self, key) != needed:
                 yield f"{name} applies only with {key} {needed} (it is {getattr(self, key)})"
-        if "min_lr" in changed and self.schedule == "constant":  # (a floor under the decay)
-            yield "min_lr applies only with a decaying schedule (it is constant)"
 
 
 class DecodeConfig(Strict):
