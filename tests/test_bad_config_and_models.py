@@ -15,6 +15,10 @@ from xinda.config import load_config
 from xinda.data.manifest import load_manifest, load_vocabularies
 from xinda.data.prepare import prepare
 from xinda.errors import XindaError
+from xinda.models.registry import resolve
+
+# the model section of a trained model's config.yaml: every field
+TINY_FIELDS = resolve({"preset": "transformer-tiny"}).model_dump(mode="json")
 
 
 def error(call, *args) -> str:
@@ -268,13 +272,17 @@ def test_too_many_threads_is_one_line_not_a_crash():
     ({"preset": "transformer-tiny", "arch": "rnn"},
      "model.arch: 'rnn' conflicts with preset 'transformer-tiny', a transformer model"),
     # a preset set over a trained model's config.yaml (every field): the fields won, silently
-    ({"preset": "transformer-big", "arch": "transformer", "d_model": 128},
-     "model: preset 'transformer-big' and model.arch together"),
+    ({**TINY_FIELDS, "preset": "transformer-big"},
+     "model: preset 'transformer-big' beside every field"),
     ({"arch": "rnn", "embed_dim": True}, "model.embed_dim: expected a number, got the boolean"),
 ])
 def test_model_specs_of_the_wrong_shape_are_one_line(spec, message):
     """Before: "unhashable type" tracebacks, "model.d_model: Extra inputs are not permitted"
     for a key the user never wrote, and embed_dim true read as 1."""
-    from xinda.models.registry import resolve
-
     assert error(resolve, spec).startswith(message)
+
+
+def test_a_preset_with_arch_and_some_fields_still_resolves():
+    """Older model folders saved specs like this one (the fields override the preset's)."""
+    spec = {"preset": "transformer-tiny", "arch": "transformer", "dropout": 0.3}
+    assert resolve(spec).dropout == 0.3 and resolve(spec).d_model == TINY_FIELDS["d_model"]

@@ -69,11 +69,11 @@ def resolve(spec: dict[str, Any], where: str = "") -> BaseModel:
         if spec.get("arch", fields["arch"]) != fields["arch"]:
             raise XindaError(f"{head}model.arch: {spec['arch']!r} conflicts with preset "
                              f"{name!r}, a {fields['arch']} model (drop one of them)")
-        if "arch" in spec:  # e.g. a preset set over a trained model's config.yaml
-            raise XindaError(f"{head}model: preset {name!r} and model.arch together: the "
-                             "fields beside arch (all of them, in a trained model's config.yaml)"
-                             " would override the preset's; give the preset and only the "
-                             "fields to change, or arch and its fields")
+        if set(ARCHITECTURES[fields["arch"]].config.model_fields) <= set(spec):
+            raise XindaError(f"{head}model: preset {name!r} beside every field (as a trained "
+                             "model's config.yaml writes them), which would override all of "
+                             "the preset's: give the preset and only the fields to change, "
+                             "or the fields alone")
     fields.update(spec)
     arch = fields.get("arch")
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
