@@ -33,6 +33,18 @@ def test_missing_corpus_file(xinda, one_line_error, tmp_path):
     assert not (tmp_path / "data-bin" / "manifest.json").exists()
 
 
+def test_a_max_len_the_position_table_cannot_hold_names_its_set(xinda, one_line_error,
+                                                                tmp_path):
+    """Before: only the config file was named, not the --set that caused it (found by
+    review)."""
+    write_corpus(tmp_path, "corpus", GOOD, GOOD)
+    config = write_data_config(tmp_path, train=str(tmp_path / "corpus"))
+    proc = xinda("prepare", config, "--set", "data.max_len=2000", "--set",
+                 "data.max_len_ratio=4", ok=False)
+    one_line_error(proc, f"{config} with --set data.max_len=2000: data.max_len 2000 keeps")
+    assert not (tmp_path / "data-bin" / "manifest.json").exists()
+
+
 def test_missing_config_file(xinda, one_line_error, tmp_path):
     one_line_error(xinda("prepare", tmp_path / "nope.yaml", ok=False), "nope.yaml", "not found")
 

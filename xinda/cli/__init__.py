@@ -84,7 +84,10 @@ def prepare(config: Path, set_: SetOpt = None,
     overrides = [*(set_ or []), *([f"data.workers={workers}"] if workers else [])]
     cfg = validated(load_config(config, overrides), config, overrides)
     if cfg.data.max_len >= (positions := resolve(cfg.model).max_positions):  # (+ BOS or EOS)
-        raise XindaError(f"{config}: data.max_len {cfg.data.max_len} keeps training sentences "
+        named = [o for o in overrides
+                 if o.split("=", 1)[0].strip() in ("data.max_len", "model.max_positions")]
+        where = f"{config} with --set {' '.join(named)}" if named else str(config)
+        raise XindaError(f"{where}: data.max_len {cfg.data.max_len} keeps training sentences "
                          f"longer than model.max_positions {positions} holds (at most "
                          f"{positions - 1} pieces and the EOS): lower data.max_len or raise "
                          "model.max_positions")
