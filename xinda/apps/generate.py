@@ -207,8 +207,8 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
             raise XindaError(f"prompt {i}: expected a PoemPrompt, got {type(given).__name__}")
         prompt = read_prompt(given, table, f"prompt {i}", rhyme)
         check_source_fits(translator, prompt.source(), f"prompt {i}: the source", options)
-        check_output_fits(translator, prompt.length(), f"prompt {i}")
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
+        check_output_fits(translator, length, f"prompt {i}")
         layouts.append({pos: table.check(mark, "punctuation mark") for pos, mark in
                         marks.items()})
         lengths.append(length)
