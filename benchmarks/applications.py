@@ -36,9 +36,10 @@ from xinda.evaluate import generation as gen
 from xinda.evaluate.metrics import corpus_scores
 from xinda.utils import read_lines
 
-APPS = {"couplet": {"tests": ("test", "wb14123"), "src": "up", "tgt": "down"},
-        "poetry": {"tests": ("test",), "src": "kw", "tgt": "poem"},
-        **{app: {"tests": ("test",)} for app in TEXT_APPS}}
+APPS = {"couplet": {"tests": ("test", "wb14123"), "src": "up", "tgt": "down",
+                    "data": ("poetry-couplets", "couplet")},
+        "poetry": {"tests": ("test",), "src": "kw", "tgt": "poem", "data": ("poetry-quatrains",)},
+        **{app: {"tests": ("test",), "data": (folder,)} for app, (folder, _) in TEXT_APPS.items()}}
 RECIPE_DATA = "../shared/data/"  # how the text apps' recipes name the shared data folder
 
 
@@ -67,6 +68,7 @@ def run_config(app: str, workdir: Path, args) -> dict:
 def train(app: str, workdir: Path, args) -> dict:
     """Corpus, prepare, train (each skipped when its output exists); the training stats."""
     xinda = [sys.executable, "-m", "xinda.cli"]
+    workdir.mkdir(parents=True, exist_ok=True)  # (the corpus log is the first file in it)
     if app not in TEXT_APPS and not (workdir / "raw" / f"train.{APPS[app]['src']}").exists():
         timed([sys.executable, "-m", "xinda.apps", app, str(SHARED), str(workdir / "raw")],
               workdir / "corpus.log")
@@ -259,13 +261,20 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0,
                     help="score only the first N lines of each test set (0 = all)")
     args = ap.parse_args()
-    if not (SHARED / "poetry-couplets").is_dir():
-        print(f"skipped: {SHARED} has no poetry-couplets (set XINDA_SHARED_DATA)")
+    apps = args.apps.split(",")
+    if unknown := [app for app in apps if app not in APPS]:
+        sys.exit(f"--apps: unknown {', '.join(unknown)}; choose from {', '.join(APPS)}")
+    for app in list(apps):
+        if missing := [f for f in APPS[app]["data"] if not (SHARED / f).is_dir()]:
+            print(f"skipped {app}: {SHARED} has no {', '.join(missing)} (set "
+                  "XINDA_SHARED_DATA)", flush=True)
+            apps.remove(app)
+    if not apps:
         return
     out = ROOT / "docs" / "results"
     saved = out / "applications.json"  # results of applications not rerun are kept
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    for app in args.apps.split(","):
+    for app in apps:
         work = args.workdir / app
         stats = train(app, work, args)
         results[app] = {"train": stats, "tests": evaluate(app, work, args)}

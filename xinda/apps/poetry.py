@@ -6,7 +6,8 @@ converted to simplified characters with OpenCC ``t2s``), files ``{split}.kw`` ->
 - Target: the poem on one line, a "，" after lines 1 and 3 and a "。" after lines 2 and 4, no
   spaces: ``细韵风中远，寒青雪后浓。繁阴堪避雨，效用待东封。`` (``template`` gives the layout).
 - Source: the form word (``五言`` or ``七言``, the characters per line) followed by the
-  keywords, separated by single spaces: ``五言 避雨 东封``. Both sides go through the ``char``
+  keywords, separated by single spaces, e.g. ``五言 避雨 东封`` (the keywords drawn for the
+  poem above are ``咏诗``, from its title 北苑侍宴杂咏诗). Both sides go through the ``char``
   pre-tokeniser (``recipes/poetry.yaml``), so the source becomes ``五 言 ␣ 避 雨 ␣ 东 封``:
   every token is one character, the same tokens the decoder writes (the joint vocabulary ties
   a keyword's characters to the poem's), and "␣" marks where one keyword ends. A user's prompt

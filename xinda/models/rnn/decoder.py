@@ -64,7 +64,8 @@ class RNNDecoder(nn.Module):
     def initial_state(self, enc: RNNEncoderOut) -> dict:
         """Decoder state before the first target token (``decoder_init``): zeros, the encoder's
         final states copied (Sutskever), or learned s_0 = tanh(W_s h_enc) (Bahdanau sec. A.2.2)
-        for each layer and state part, directions concatenated."""
+        for each layer and state part, directions concatenated (A.2.2 takes the backward
+        direction's first state only, without a bias; here both directions and a bias)."""
         batch, h = enc.memory.size(0), self.cfg.hidden_dim
         parts = 2 if self.cfg.cell == "lstm" else 1
         if self.cfg.decoder_init == "zeros":
@@ -114,7 +115,8 @@ class RNNDecoder(nn.Module):
 
     def _bahdanau(self, x: Tensor, enc: RNNEncoderOut, state: dict, steps: Tensor):
         """Bahdanau et al. 2015 eq. 4-6 (one step): the previous top state s_{t-1} queries,
-        s_t = RNN([E y_{t-1}; c_t], s_{t-1}), readout tanh(W_o [s_t; c_t; E y_{t-1}])."""
+        s_t = RNN([E y_{t-1}; c_t], s_{t-1}), readout tanh(W_o [s_t; c_t; E y_{t-1}]): a tanh
+        deep output where A.2.2 uses maxout, and s_t as eq. 4 has it (A.2.2 writes s_{t-1})."""
         query = state["hidden"][-1][0][:, None]  # (B, 1, H) s_{t-1}
         context, weights = self._attend(query, enc, state, steps)  # (B, 1, M), (B, 1, S)
         s = self._stack(torch.cat([x, context], -1), state, 0)  # (B, 1, H)
