@@ -19,10 +19,9 @@ from pathlib import Path
 
 import sacrebleu
 import torch
+from multi30k import SHARED  # ($XINDA_SHARED_DATA, else ../shared/data)
 
 from xinda.decode.translator import Translator
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def main() -> None:

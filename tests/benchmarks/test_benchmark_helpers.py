@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -492,3 +493,22 @@ def test_fusion_study_p_values_say_their_test_and_their_floor():
     assert fusion_study.p_text(0.048) == "bs 0.048"  # a report written before the AR test
     assert fusion_study.p_cell([{"ar": 0.5, "bs": 0.2}, None], [0.21, -0.3]) == \
         "+0.21 (ar 0.5, bs 0.2) / -0.30 (n/a)"
+
+
+def test_applications_skips_each_app_without_its_data_and_refuses_unknown_ones(tmp_path):
+    """Before: only poetry-couplets was checked, whatever --apps asked for; a missing folder
+    failed the run after earlier apps had trained (found by review)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "applications.py"
+    env = {**os.environ, "XINDA_SHARED_DATA": str(tmp_path)}
+    (tmp_path / "poetry-couplets").mkdir()
+    run = subprocess.run([sys.executable, str(script), "--apps", "couplet,classical-modern",
+                          "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
+                         env=env, timeout=120, check=False)
+    assert run.returncode == 0 and not (tmp_path / "w").exists()
+    assert f"skipped couplet: {tmp_path} has no couplet" in run.stdout
+    assert f"skipped classical-modern: {tmp_path} has no classical-modern" in run.stdout
+    bad = subprocess.run([sys.executable, str(script), "--apps", "bogus"], capture_output=True,
+                         text=True, env=env, timeout=120, check=False)
+    assert bad.returncode != 0 and "--apps: unknown bogus" in bad.stderr
