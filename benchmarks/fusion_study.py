@@ -55,6 +55,7 @@ import copy
 import csv
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -166,12 +167,19 @@ def code_versions(run_dir: Path) -> list[str]:
     try:
         version = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
                                  capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        version = "unknown"
+    except (OSError, subprocess.CalledProcessError):  # (the GPU kit records its own)
+        version = os.environ.get("XINDA_CODE_VERSION", "unknown")
     log = run_dir / "code.txt"
     with log.open("a", encoding="utf-8") as f:
         f.write(version + "\n")
     return log.read_text(encoding="utf-8").split()
+
+
+def gpu_name() -> str | None:
+    """The GPU the runs trained on (None without one): kept results say what they measured."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: str,
@@ -197,7 +205,8 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
     result = {"params": stats["parameters"], "updates": stats["steps"],
               "tok_per_s": round(stats["tgt_tok_per_s"], 1),
               "tok_per_s_median_window": window_tok_per_s(model_dir),
-              "runs_at_once": runs_at_once,
+              "runs_at_once": runs_at_once, "device": stats.get("device"),
+              "precision": stats.get("precision"), "gpu": gpu_name(),
               "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg,
               "code": code}
     if cfg["train"]["run_validation"]:

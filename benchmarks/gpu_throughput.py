@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -193,30 +195,43 @@ def main() -> None:
     known = args.peak_tflops or next((v for k, v in KNOWN_PEAK_TFLOPS.items() if k in name), None)
     print(f"device {name}: measured bf16 matmul {measured:.3f} TFLOP/s; "
           f"spec peak {known or 'unknown'}", flush=True)
-    rows = []
+    report = {"device": name, "torch": torch.__version__, "precision": args.precision,
+              "matmul_tflops_measured": round(measured, 3), "spec_peak_tflops": known,
+              "train": [], "command": " ".join(["python", *sys.argv]),
+              "code": code_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for preset in args.presets.split(","):
         for max_tokens in map(int, args.max_tokens.split(",")):
             row = train_throughput(preset, max_tokens, args, device)
             row["mfu_vs_measured_matmul"] = round(row["model_tflops"] / measured, 3)
             row["mfu_vs_spec_peak"] = round(row["model_tflops"] / known, 3) if known else None
-            rows.append(row)
+            report["train"].append(row)
             print(json.dumps(row), flush=True)
+            write_report(report, args.out)  # after every row: a later crash keeps these
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-    report = {"device": name, "torch": torch.__version__, "precision": args.precision,
-              "matmul_tflops_measured": round(measured, 3), "spec_peak_tflops": known,
-              "train": rows}
     if args.decode_model and args.decode_input:
         report["decode"] = decode_speed(args.decode_model, args.decode_input, device,
                                         args.precision)
         print(json.dumps(report["decode"]), flush=True)
-    report["command"] = " ".join(["python", *sys.argv])
-    report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(report))
+    write_report(report, args.out)
     print(f"wrote {args.out.with_suffix('.json')} and .md")
+
+
+def code_version() -> str:
+    """``git describe`` of this checkout; on the GPU machine, where .git does not travel, the
+    one ``kit.sh pack`` recorded (``$XINDA_CODE_VERSION``)."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("XINDA_CODE_VERSION", "unknown")
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(markdown(report))
 
 
 def markdown(report: dict) -> str:

@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu/kit.sh status              the tail of every log, GPU use
 #   bash benchmarks/gpu/kit.sh collect PATH...     PATHs' results (json, md, png, hyp, log) and the
 #                                                  logs into $OUT/results.tar.gz
+#   bash benchmarks/gpu/kit.sh waitfor SECONDS N GLOB...   until N files match the GLOBs or
+#                                                  SECONDS pass (then the call can collect)
 # Runs, logs and kept results go under runs/gpu/ (git-ignored, never carried: kept there
 # between the calls of a lease).
 # benchmarks/gpu/README.md gives the calls of a 30-minute GPU session.
@@ -41,6 +43,8 @@ pack() {
             "$PY" -m pip wheel -q --no-deps -w "$KIT/whl" jieba==0.42.1  # build needs setuptools)
         fi
     done
+    # the code version (.git does not travel): the results' "code" there
+    git describe --always --dirty > "$KIT/VERSION" 2>/dev/null || echo unknown > "$KIT/VERSION"
     du -sh "$KIT"
 }
 
@@ -51,6 +55,8 @@ environment() {
         touch /tmp/kit-site/.done
     fi
     export PYTHONPATH=/tmp/kit-site:$PWD PYTHONUNBUFFERED=1 XINDA_SHARED_DATA=$KIT/data
+    XINDA_CODE_VERSION=$(cat "$KIT/VERSION" 2>/dev/null || echo unknown)
+    export XINDA_CODE_VERSION
     mkdir -p "$LOGS"
 }
 
@@ -58,11 +64,20 @@ collect() {
     [ -n "${OUT:-}" ] || { echo "kit: collect writes to \$OUT, which is unset" >&2; exit 2; }
     local found
     # relative paths (an absolute $LOGS put the logs in twice, once under the machine's path)
-    found=$(find "$@" runs/gpu/logs -type f \( -name '*.json' -o -name '*.md' -o -name '*.png' \
-            -o -name '*.hyp' -o -name '*.log' -o -name '*.csv' \) 2>/dev/null | sort -u || true)
+    # (not the checkpoints' json: training deletes them as it goes, and tar would fail on one)
+    found=$(find "$@" runs/gpu/logs -type f -not -path '*/checkpoints/*' \( -name '*.json' \
+            -o -name '*.md' -o -name '*.png' -o -name '*.hyp' -o -name '*.log' -o -name '*.csv' \) \
+            2>/dev/null | sort -u || true)
     [ -n "$found" ] || { echo "kit: no results under $* $LOGS"; return 0; }
     tar -czf "$OUT/results.tar.gz" $found
     tar -tzf "$OUT/results.tar.gz" | wc -l
+}
+
+matches() {  # how many files the GLOBs (quoted by the caller: expanded here) match now
+    local glob n=0 f
+    shopt -s nullglob globstar
+    for glob in "$@"; do for f in $glob; do n=$((n + 1)); done; done
+    echo "$n"
 }
 
 case "${1:-}" in
@@ -76,5 +91,8 @@ case "${1:-}" in
         for log in runs/gpu/**/train.log; do echo "-- $log: $(tail -n 1 "$log")"; done
         nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv 2>/dev/null || true ;;
     collect) shift; collect "$@" ;;
-    *) sed -n '2,21p' "$0"; exit 2 ;;
+    waitfor) shift; deadline=$((SECONDS + $1)); want=$2; shift 2
+        until [ "$(matches "$@")" -ge "$want" ] || [ $SECONDS -ge $deadline ]; do sleep 10; done
+        echo "kit: $(matches "$@") of $want found" ;;
+    *) sed -n '2,23p' "$0"; exit 2 ;;
 esac

@@ -512,3 +512,35 @@ def test_applications_skips_each_app_without_its_data_and_refuses_unknown_ones(t
     bad = subprocess.run([sys.executable, str(script), "--apps", "bogus"], capture_output=True,
                          text=True, env=env, timeout=120, check=False)
     assert bad.returncode != 0 and "--apps: unknown bogus" in bad.stderr
+
+
+def test_gpu_kit_waits_for_kept_runs_and_collects_no_checkpoints(tmp_path):
+    """``kit.sh waitfor`` counts the files its quoted globs match now; ``collect`` leaves out
+    the checkpoints' json, which training deletes as it goes (tar failed on one; found by
+    review)."""
+    import shutil
+    import subprocess
+    import tarfile
+
+    kit = tmp_path / "benchmarks" / "gpu" / "kit.sh"
+    kit.parent.mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "kit.sh", kit)
+    kept = tmp_path / "runs" / "gpu" / "kept" / "de-en-base-6000"
+    kept.mkdir(parents=True)
+    (kept / "baseline-seed1.json").write_text("{}")
+    checkpoints = tmp_path / "runs" / "gpu" / "run" / "model" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_0000001.state.json").write_text("{}")
+
+    def kit_sh(*args: str) -> str:
+        return subprocess.run(["bash", str(kit), *args], capture_output=True, text=True,
+                              check=True, timeout=60, env={**os.environ, "OUT": str(tmp_path)}
+                              ).stdout
+    assert "1 of 2 found" in kit_sh("waitfor", "0", "2", "runs/gpu/kept/*/*.json")
+    (kept / "layer-seed1.json").write_text("{}")
+    assert "2 of 2 found" in kit_sh("waitfor", "30", "2", "runs/gpu/kept/*/*.json")
+    kit_sh("collect", "runs/gpu")
+    with tarfile.open(tmp_path / "results.tar.gz") as tar:
+        names = tar.getnames()
+    assert "runs/gpu/kept/de-en-base-6000/layer-seed1.json" in names
+    assert not [n for n in names if "checkpoints" in n]
