@@ -121,7 +121,8 @@ def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
     torch.manual_seed(1)
     model = build_model(cfg, vocab).to(device).train()
     params = matmul_parameters(model)
-    tc = TrainConfig(lr=1e-4)
+    tc = TrainConfig(lr=1e-4, **({} if args.loss_chunk is None else
+                                 {"loss_chunk": args.loss_chunk}))
     optimizer = make_optimizer(tc, model.parameters())
     setup = LossSetup(tc.label_smoothing, vocab.pad, tc.loss_chunk, args.precision, device)
     need = (args.updates + args.warmup) * max_tokens // 8 + 1000  # sentences of 8+ tokens
@@ -180,6 +181,9 @@ def main() -> None:
     ap.add_argument("--lengths-from", type=Path, default=None,
                     help="a prepared data folder: use its training pairs' lengths")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--loss-chunk", type=int, default=None,
+                    help="train.loss_chunk (default: the config's, tuned for CPU memory; "
+                         "0 = the whole batch at once)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--matmul-size", type=int, default=None, help="default 8192 GPU, 2048 CPU")
@@ -196,6 +200,9 @@ def main() -> None:
     print(f"device {name}: measured bf16 matmul {measured:.3f} TFLOP/s; "
           f"spec peak {known or 'unknown'}", flush=True)
     report = {"device": name, "torch": torch.__version__, "precision": args.precision,
+              "loss_chunk": TrainConfig().loss_chunk if args.loss_chunk is None
+              else args.loss_chunk, "vocab": args.vocab,
+              "lengths_from": str(args.lengths_from or "synthetic"),
               "matmul_tflops_measured": round(measured, 3), "spec_peak_tflops": known,
               "train": [], "command": " ".join(["python", *sys.argv]),
               "code": code_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -242,7 +249,8 @@ def markdown(report: dict) -> str:
              r["model_tflops"], r["mfu_vs_measured_matmul"], r["mfu_vs_spec_peak"] or "-",
              r["peak_memory_gib"] or "-"] for r in report["train"]]
     head = (f"`{report['command']}` on {report['device']}, {report['date']}, torch "
-            f"{report['torch']}, {report['precision']}; measured bf16 matmul "
+            f"{report['torch']}, {report['precision']}, loss chunk "
+            f"{report.get('loss_chunk', '?')}; measured bf16 matmul "
             f"{report['matmul_tflops_measured']} TFLOP/s, spec peak "
             f"{report['spec_peak_tflops'] or 'unknown'}.")
     lines = [head, "", *markdown_table(header, rows)]
