@@ -55,7 +55,6 @@ import copy
 import csv
 import hashlib
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -72,6 +71,7 @@ from multi30k import (
     ROOT,
     SHARED,
     cached_result,
+    code_version,
     decode_device,
     experiment,
     markdown_table,
@@ -164,14 +164,9 @@ def code_versions(run_dir: Path) -> list[str]:
     ``run_dir/code.txt`` at every start or resume of the run; all of them, oldest first: the
     code a run trained with, kept in its result (a cached result is reused whatever the code
     now is). A run resumed from before this record began lists only the later versions."""
-    try:
-        version = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):  # (the GPU kit records its own)
-        version = os.environ.get("XINDA_CODE_VERSION", "unknown")
     log = run_dir / "code.txt"
     with log.open("a", encoding="utf-8") as f:
-        f.write(version + "\n")
+        f.write(code_version() + "\n")
     return log.read_text(encoding="utf-8").split()
 
 

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from multi30k import markdown_table
+from multi30k import code_version, markdown_table
 
 from xinda.config import TrainConfig
 from xinda.data.batching import collate, make_batches
@@ -223,16 +221,6 @@ def main() -> None:
         print(json.dumps(report["decode"]), flush=True)
     write_report(report, args.out)
     print(f"wrote {args.out.with_suffix('.json')} and .md")
-
-
-def code_version() -> str:
-    """``git describe`` of this checkout; on the GPU machine, where .git does not travel, the
-    one ``kit.sh pack`` recorded (``$XINDA_CODE_VERSION``)."""
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("XINDA_CODE_VERSION", "unknown")
 
 
 def write_report(report: dict, out: Path) -> None:

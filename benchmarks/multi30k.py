@@ -117,6 +117,16 @@ def write_run_config(run_dir: Path, cfg: dict) -> Path:
     return cfg_path
 
 
+def code_version() -> str:
+    """``git describe --always --dirty`` of this checkout; on the GPU machine, where .git does
+    not travel, the one ``kit.sh pack`` recorded (``$XINDA_CODE_VERSION``), else "unknown"."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("XINDA_CODE_VERSION", "unknown")
+
+
 def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
     """Lines of a Markdown table: the header row, its rule, one line per row."""
     def line(row: list[object]) -> str:

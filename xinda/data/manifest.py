@@ -50,10 +50,7 @@ def _check_shape(path: Path, manifest: dict) -> None:
     expected = {"spm.src": str, "spm.tgt": str, "text.src": dict, "text.tgt": dict,
                 "splits": dict, "joint_vocab": bool}
     for key, kind in expected.items():
-        value = manifest
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if not isinstance(value, kind):
+        if not isinstance(value := _entry(manifest, *key.split(".")), kind):
             raise XindaError(f"{path}: invalid manifest ({key} should be a "
                              f"{kind.__name__}, got {value!r:.60}); re-run xinda prepare")
 
@@ -95,11 +92,17 @@ def _check_pairs(data_dir: Path, split: str, manifest: dict,
                              f"sentences, but {source}; re-run xinda prepare")
 
 
-def _recorded(manifest: dict, *keys: str) -> int | None:
-    """The count at ``manifest[k1][k2]...``; None where an older manifest lacks it."""
+def _entry(manifest: dict, *keys: str):
+    """``manifest[k1][k2]...``; None where a key (or a mapping on the way) is missing."""
     value = manifest
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _recorded(manifest: dict, *keys: str) -> int | None:
+    """The count at ``manifest[k1][k2]...``; None where an older manifest lacks it."""
+    value = _entry(manifest, *keys)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
