@@ -229,6 +229,7 @@ class TrainConfig(Strict):
 class DecodeConfig(Strict):
     model_config = ConfigDict(allow_inf_nan=False)  # (and Strict's): no infinity or NaN
     BEAM_ONLY: ClassVar[tuple[str, ...]] = ("beam", "nbest", "coverage", "stop")  # sampling: unused
+    SAMPLING_ONLY: ClassVar[tuple[str, ...]] = ("temperature", "top_k", "top_p", "seed", "samples")
 
     beam: int = Field(5, ge=1, le=MAX_ROWS)
     # GNMT length penalty ((5+|y|)/6)^alpha; 0 = none; above 10 it overflows on long outputs

@@ -115,6 +115,8 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--sampling", "--top-p", "1.5"), ("decode.top_p", "less than or equal to 1")),
     (("--sampling", "--temperature", "0"), ("decode.temperature", "greater than 0")),
     (("--top-k", "3"), ("need --sampling",)),
+    (("--set", "decode.temperature=0.5", "--set", "decode.top_k=3"),
+     ("--set decode.temperature, decode.top_k: sampling settings", "add --sampling")),
     (("--ban", "7,seven hundred"), ("cannot ban 'seven hundred'",)),
     (("--no-repeat-ngram", "-1"), ("must be >= 0",)),
     (("--threads", "-1"), ("--threads must be 0 (torch's default) to 1024, got -1",)),

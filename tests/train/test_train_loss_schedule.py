@@ -343,3 +343,18 @@ def test_min_lr_with_the_constant_schedule_warns(caplog):
     caplog.clear()
     warn_validation_settings(cfg(schedule="inverse_sqrt", min_lr=1e-5), True, True)
     assert "min_lr" not in caplog.text
+
+
+@pytest.mark.parametrize(("settings", "has_valid", "why"), [
+    ({"run_validation": False}, True, "train.run_validation false"),
+    ({"valid_bleu": False}, True, "train.valid_bleu false"),
+    ({}, False, "the prepared data has no valid split"),
+    ({}, True, None),  # used
+])
+def test_valid_beam_without_validation_bleu_warns(caplog, settings, has_valid, why):
+    """A beam for a validation BLEU that never runs (before: silently unused)."""
+    from xinda.train.run_dir import warn_validation_settings
+
+    warn_validation_settings(cfg(valid_beam=4, **settings), has_valid, True)
+    expected = f"train.valid_beam 4 has no effect: validation BLEU is off ({why})"
+    assert (expected in caplog.text) if why else ("valid_beam" not in caplog.text)

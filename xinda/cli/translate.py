@@ -119,6 +119,7 @@ def translate(
         "--set", help="any decode setting: decode.KEY=VALUE (the options above win)")] = None,
 ) -> None:
     """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
+    from xinda.config import DecodeConfig
     from xinda.decode.translator import Translator
     from xinda.device import check_device, set_threads
 
@@ -156,6 +157,10 @@ def translate(
                          "(--sampling or decode.sampling; --samples sets the outputs per line)")
     if any(k != "sampling" for k in sampler) and not dec.sampling:
         raise XindaError("--temperature, --top-k, --top-p, --seed and --samples need --sampling")
+    if (drawn := [f"decode.{k}" for k in DecodeConfig.SAMPLING_ONLY if k in overrides]
+            ) and not dec.sampling:  # (before: the Python API's 'need sampling=True')
+        raise XindaError(f"--set {', '.join(drawn)}: sampling settings, not used by beam "
+                         "search: add --sampling (or decode.sampling=true)")
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
                                    need_attention=attention_plot is not None,

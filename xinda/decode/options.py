@@ -12,7 +12,7 @@ from xinda.errors import XindaError
 
 FORMATS = ("text", "pieces")  # input_format / output_format
 BEAM_ONLY = DecodeConfig.BEAM_ONLY  # beam-search options, unused when sampling
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "samples")  # need decode.sampling
+SAMPLING_ONLY = DecodeConfig.SAMPLING_ONLY  # sampling options, unused by beam search
 
 
 def check_constraints(constraints: Sequence[Constraint], lines: int) -> None:

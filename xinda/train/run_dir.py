@@ -334,6 +334,11 @@ def warn_validation_settings(tc: TrainConfig, has_valid: bool, has_scorer: bool)
     if tc.min_lr and tc.schedule == "constant":  # (not refused: saved runs would not load)
         log.warning("train.min_lr %g has no effect: the constant schedule never decays",
                     tc.min_lr)
+    if tc.valid_beam > 1 and not (tc.valid_bleu and tc.run_validation and has_valid):
+        log.warning("train.valid_beam %d has no effect: validation BLEU is off (%s)",
+                    tc.valid_beam, "train.run_validation false" if not tc.run_validation
+                    else "train.valid_bleu false" if not tc.valid_bleu
+                    else "the prepared data has no valid split")
     if tc.valid_bleu and tc.run_validation and has_valid and not has_scorer:
         log.warning("train.valid_bleu is on but no BLEU scorer was given: validating by loss "
                     "(xinda.evaluate.validation.validation_bleu builds one)")
