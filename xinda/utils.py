@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import itertools
 import logging
 import os
 import re
@@ -245,7 +246,24 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
                                  "UTF-8)")
         if lineno == 1:
             line = line.removeprefix("\ufeff")  # byte-order mark
+            if b"\r" in raw.rstrip(b"\r\n"):
+                lines = _unless_cr_only(lines, name)
         yield line.rstrip("\r\n")
+
+
+def _unless_cr_only(lines: Iterator[bytes], name: str) -> Iterator[bytes]:
+    """The ``lines`` after the first (which has a carriage return inside), or a XindaError when
+    it is the stream's only line: a file with CR-only (classic Mac) line endings, whose
+    sentences would otherwise run together into one."""
+    try:
+        second = next(lines)
+    except StopIteration:
+        raise XindaError(f"{name}: lines end in a carriage return only (CR, old Mac line "
+                         "endings), read as one line: convert them, e.g. with tr '\\r' "
+                         "'\\n'") from None
+    except (EOFError, OSError, zlib.error) as err:
+        raise XindaError(_read_error(name, 1, err)) from None
+    return itertools.chain([second], lines)
 
 
 def write_stdout(text: str) -> None:

@@ -6,7 +6,8 @@ references and its translations stay aligned): only ``\\n`` ends a line; ``\\r``
 it (CRLF) or at the very end of the file is not part of the line; a lone ``\\r`` and the other
 Unicode line separators (``\\x85``, ``\\u2028``, ``\\x0b``, ...) are kept inside the line; a
 missing final newline loses nothing. Bytes that are not UTF-8 give a one-line ``XindaError``
-naming the file and the 1-based line.
+naming the file and the 1-based line; so does a file of one line with a lone ``\\r`` inside: its
+lines end in CR only (old Mac line endings), and its sentences would run together.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from xinda.data.prepare import read_parallel
@@ -46,7 +47,14 @@ def files(draw, lines=LINES) -> tuple[list[str], str]:
         text = text.removesuffix("\n").removesuffix("\r")
         if not content[-1]:
             content = content[:-1]  # an empty last line without its newline is no line
+    assume(not cr_only(text))
     return content, text
+
+
+def cr_only(text: str) -> bool:
+    """Whether ``text`` is one line with a lone \\r inside: CR-only line endings, an error."""
+    first, _, rest = text.partition("\n")
+    return "\r" in first.rstrip("\r") and not rest
 
 
 def reference_lines(text: str) -> list[str]:
@@ -102,6 +110,8 @@ def test_random_bytes_give_the_lines_or_a_one_line_error_at_the_right_line(data,
             if set(body[0::2]) <= {0} or set(body[1::2]) <= {0}:
                 expected = (lineno, "UTF-16")
                 break
+    if expected is None and cr_only(data.decode("utf-8")):
+        expected = ("", "carriage return only")
     if expected is None:
         text = data.decode("utf-8")
         assert list(decode_lines(io.BytesIO(data), "corpus.en")) == reference_lines(text)
@@ -109,7 +119,7 @@ def test_random_bytes_give_the_lines_or_a_one_line_error_at_the_right_line(data,
     with pytest.raises(XindaError) as error:
         list(decode_lines(io.BytesIO(data), "corpus.en"))
     message = user_error(error.value)
-    assert message.startswith(f"corpus.en:{expected[0]}: "), message
+    assert message.startswith(f"corpus.en{expected[0] and ':'}{expected[0]}: "), message
     assert expected[1] in message
 
 
@@ -145,5 +155,16 @@ def test_read_parallel_of_random_bytes(src, tgt, user_error):
 
 
 def test_a_lone_carriage_return_does_not_end_a_line():
-    """Old-Mac (\\r-only) line endings are not line breaks: such a file is one line."""
+    """A lone \\r is no line break (as for wc -l and sacrebleu): it stays inside its line."""
     assert list(decode_lines(io.BytesIO(b"a\rb\r\nc\rd\r"), "x")) == ["a\rb", "c\rd"]
+
+
+@pytest.mark.parametrize("data", [b"one\rtwo\rthree\r", b"one\rtwo", b"\xef\xbb\xbfa\rb\n"])
+def test_a_file_of_cr_only_line_endings_is_a_one_line_error(data, user_error, tmp_path):
+    """Read as one line, its sentences ran together: a validation set of three pairs became
+    one pair (before: silently; a training set's one pair was dropped as "control
+    characters", and prepare then failed for an empty corpus)."""
+    path = _write(tmp_path, "valid.en", data)
+    with pytest.raises(XindaError) as error:
+        list(read_lines(path))
+    assert user_error(error.value).startswith(f"{path}: lines end in a carriage return only")
