@@ -88,6 +88,20 @@ def test_load_state_refuses_a_state_of_another_format(tmp_path):
         list_checkpoints(tmp_path)
 
 
+@pytest.mark.parametrize("damaged", ["{}", "[]", "null", '{"format_version": 0}'])
+def test_a_damaged_state_is_skipped_like_a_torn_one(tmp_path, damaged, caplog):
+    """Valid JSON but no training state: skipped with a warning, as an unparsable one is, so
+    the intact checkpoints stay usable (before: every command that listed the folder failed,
+    average, --resume and translate among them; found by review)."""
+    model = torch.nn.Linear(2, 2)
+    older, newest = (save_checkpoint(tmp_path, s, model, {}, keep_last=2) for s in (1, 2))
+    older.with_suffix(".state.json").write_text(damaged)
+    assert list_checkpoints(tmp_path) == [newest]
+    assert "is not a xinda training state" in caplog.text
+    with pytest.raises(XindaError, match="not a xinda training state"):
+        load_state(older)
+
+
 def test_averaging_checks_names_and_shapes_and_keeps_dtypes(tmp_path):
     """Before: a name missing from one file was divided by N anyway, (3, 2) and (2,) were
     broadcast together, and bf16 weights came back float32."""

@@ -20,11 +20,10 @@ when ``xinda average`` was run, and in ``checkpoints/`` one checkpoint per saved
                                      replaced by {"__tensor__": its name}}
 
 The JSON document is written last, so it is the commit mark: a checkpoint is complete only when
-its JSON document parses and both files have the size and SHA-256 it records. ``list_checkpoints``
-skips any other (a crash while saving, a truncated copy, a flipped bit in a data file) with a
-logged warning, so ``--resume`` continues from the newest complete one. JSON object keys are
-strings: the one dict with integer keys, the optimizer's per-parameter ``state``, gets them
-back on loading (and
+its JSON document parses as a training state and both files have the size and SHA-256 it
+records. ``list_checkpoints`` skips any other (a crash while saving, a truncated copy, a flipped
+bit) with a logged warning, so ``--resume`` continues from the newest complete one. JSON keys
+are strings: the optimizer's per-parameter ``state`` gets its integer keys back on loading (and
 tuples such as Adam's ``betas`` come back as lists, which torch accepts). Floats keep their exact
 value; an unset best score is written ``-Infinity``, as Python's json module does.
 
@@ -66,13 +65,11 @@ def checkpoint_dir(model_dir: str | Path) -> Path:
     return Path(model_dir) / "checkpoints"
 
 
-def state_json(weights: Path) -> Path:
-    """``step_N.state.json`` beside ``step_N.safetensors``."""
+def state_json(weights: Path) -> Path:  # step_N.state.json beside step_N.safetensors
     return Path(weights).with_suffix(".state.json")
 
 
-def state_tensors(weights: Path) -> Path:
-    """``step_N.state.safetensors`` beside ``step_N.safetensors``."""
+def state_tensors(weights: Path) -> Path:  # step_N.state.safetensors beside it
     return Path(weights).with_suffix(".state.safetensors")
 
 
@@ -287,7 +284,10 @@ def _read_document(weights: Path, verify: bool) -> tuple[dict | None, str]:
         document = json.loads(meta.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         return None, f"{meta.name} is not valid JSON ({error_text(err)})"
-    check_format(document, meta)
+    version = document.get("format_version") if isinstance(document, dict) else None
+    if not (type(version) is int and version >= 1):  # (damaged: skipped, as a torn file is)
+        return None, f"{meta.name} is not a xinda training state (format_version: {version!r})"
+    check_format(document, meta)  # (format 1, or a newer xinda's: refused)
     files = document.get("files")
     for path in (weights, state_tensors(weights)):
         record = files.get(path.name) if isinstance(files, dict) else None
