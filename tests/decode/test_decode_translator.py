@@ -177,6 +177,43 @@ def test_ban_source_copy_bans_every_source_token_past_the_configs_cut(translator
     assert set(ban.tokens[0]) == set(tr.source_ids(line, False)) - {tr.tgt_vocab.unk}
 
 
+def test_ban_source_copy_bans_words_not_the_bare_word_start_or_unk(translator, vocabs):
+    """A word the vocabulary spells "▁" + "t" (and one of unknown characters, <unk>) must
+    not ban the bare "▁", which starts every such word in the output (found by review)."""
+    tr, sp = translator(TRANSFORMER), vocabs.src.sp
+    line = "woman t §"
+    ids = tr.source_ids(line, False)
+    pieces = [sp.id_to_piece(i) for i in ids[:-1]]
+    assert {"\u2581", "t"} <= set(pieces) and sp.unk_id() in ids  # (the premise)
+    [ban] = tr.constraints_for([line], ban_source_copy=True)
+    assert {sp.id_to_piece(i) for i in ban.tokens[0]} == {"\u2581woman", "t"}
+
+
+@pytest.mark.parametrize("byte_fallback", [True, False])  # 龘 as bytes, or as <unk>
+def test_ban_source_copy_with_character_targets_reads_the_source_s_text(tmp_path, make_model,
+                                                                        byte_fallback):
+    """The characters banned are the source text's, not those of piece names: an unknown
+    character's "<unk>" banned every piece with <, u, n, k or >, and a byte piece's "<0xE9>"
+    every piece with 0, x, E or 9, byte pieces included (found by review)."""
+    rng = random.Random(0)
+    words = ["春风", "风雨", "明月", "江山", "秋月", "白云", "unk", "x0", "E9"]
+    lines = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(300)]
+    path = tmp_path / "spm.model"
+    path.write_bytes(train_spm(lines, DataConfig(vocab_size=300 if byte_fallback else 40,
+                                                 train="w", byte_fallback=byte_fallback)))
+    text, vocab = TextPipeline("NFKC", False, "char", "zh"), Vocab(path)
+    model = make_model(TRANSFORMER, vocab=Vocabularies(text, text, vocab, vocab, True).info)
+    tr = Translator(model, ExperimentConfig.model_validate({"model": TRANSFORMER}),
+                    Vocabularies(text, text, vocab, vocab, True))
+    sp = vocab.sp
+    [ban] = tr.constraints_for(["春龘"], ban_source_copy=True)
+    unknown = sp.is_byte if byte_fallback else sp.is_unknown
+    assert any(unknown(i) for i in tr.source_ids("春龘", False))  # (the premise)
+    banned = {sp.id_to_piece(i) for i in ban.tokens[0]}
+    assert banned == {sp.id_to_piece(i) for i in range(vocab.pieces)
+                      if "春" in sp.id_to_piece(i)} != set()
+
+
 def test_ban_source_copy_with_jieba_targets_bans_every_piece_with_a_source_character(
         tmp_path, make_model):
     """Before: only the source's own pieces (with and without "▁") were banned, so a jieba

@@ -15,6 +15,7 @@ import sentencepiece as spm
 from xinda.errors import XindaError
 
 WORD_START = "\u2581"  # sentencepiece's "▁": the piece starts a word
+UNK_SURFACE = "\u2047"  # "⁇": the text sentencepiece decodes <unk> to
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}  # sentencepiece trainer args
 
 

@@ -26,7 +26,7 @@ from xinda.checkpoint import default_weights, load_weights
 from xinda.config import DecodeConfig, ExperimentConfig, format_validation_error, load_config
 from xinda.data.manifest import Vocabularies, load_vocabularies
 from xinda.data.text import SPACE_MARK
-from xinda.data.vocab import WORD_START
+from xinda.data.vocab import UNK_SURFACE, WORD_START
 from xinda.decode.constraints import (
     BanSourceTokens,
     BanTokens,
@@ -291,7 +291,7 @@ class Translator:
             # this config's): at worst a token the decoder did not see is banned too
             sources = [self.source_ids(line, input_format == "pieces", f"line {i}")
                        for i, line in enumerate(lines, start=1)]
-            copies = [self.copy_ids(self.src_vocab.ids_to_pieces(s)) for s in sources]
+            copies = [self.copy_ids(s) for s in sources]
             out.append(BanSourceTokens(copies, self.model.vocab))
         if exact_length is not None:
             if exact_length >= self.model.cfg.max_positions:
@@ -347,23 +347,29 @@ class Translator:
             raise XindaError(f"cannot ban {word!r}: it is not one target piece ({pieces!r})")
         return sorted(ids)
 
-    def copy_ids(self, source_pieces: Sequence[str]) -> list[int]:
-        """The target ids that would copy ``source_pieces``: each piece itself or, where the
-        target is written in characters (char and jieba pre-tokenisation: detokenising drops
-        the spaces between them), every target piece holding one of their characters."""
-        if self.tgt_text.pretok in ("char", "jieba"):
-            chars = set("".join(source_pieces)) - {WORD_START, SPACE_MARK}
+    def copy_ids(self, source_ids: Sequence[int]) -> list[int]:
+        """The target ids that would copy the source ``source_ids``: each of its word pieces
+        itself or, where the target is written in characters (char and jieba pre-tokenisation:
+        detokenising drops the spaces between them), every target piece holding one of its
+        characters. Never the bare "▁", which starts any word the vocabulary spells in parts,
+        nor pieces named for no text: <unk>, bytes (<0xE6>: of many characters)."""
+        src = self.src_vocab.sp
+        if self.tgt_text.pretok in ("char", "jieba"):  # (decoding joins bytes into characters)
+            chars = set(self.src_vocab.decode(list(source_ids))) - {WORD_START, SPACE_MARK,
+                                                                    " ", UNK_SURFACE}
             ids = {i for char in chars for i in self._pieces_with_character.get(char, ())}
         else:
-            ids = set(self.tgt_vocab.pieces_to_ids(sorted(set(source_pieces))))
+            pieces = {src.id_to_piece(i) for i in source_ids if i < self.src_vocab.pieces and
+                      not (src.is_control(i) or src.is_unknown(i) or src.is_byte(i))}
+            ids = set(self.tgt_vocab.pieces_to_ids(sorted(pieces - {WORD_START})))
         return sorted(ids - {self.tgt_vocab.unk})
 
     @functools.cached_property
     def _pieces_with_character(self) -> dict[str, list[int]]:
-        """Character -> the target pieces that write it (specials and "▁" aside)."""
+        """Character -> the target pieces that write it (specials, bytes and "▁" aside)."""
         sp, index = self.tgt_vocab.sp, {}
         for i in range(self.tgt_vocab.pieces):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
+            if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)):
                 for char in set(sp.id_to_piece(i)) - {WORD_START}:
                     index.setdefault(char, []).append(i)
         return index
