@@ -176,6 +176,15 @@ def test_bad_poem_prompts_are_one_line_errors(translator, prompt, message):
         write_poems(translator, [prompt], rhyme="rhyme" in message)
 
 
+def test_too_large_an_nbest_is_named_as_nbest(translator):
+    """Before: the default beam took the nbest, and the error blamed decode.beam, which the
+    caller never gave (found by review)."""
+    for write, prompt in ((write_couplets, "春风一夜江山绿"), (write_poems, PoemPrompt(("春",)))):
+        with pytest.raises(XindaError, match="^decode.nbest: Input should be less than or "
+                                             "equal to 1000"):
+            write(translator, [prompt], nbest=1001)
+
+
 def test_prompts_are_a_list_of_poem_prompts(translator):
     with pytest.raises(XindaError, match="prompt 2: expected a PoemPrompt, got str"):
         write_poems(translator, [PoemPrompt(("春",)), "春风"])  # before: AttributeError

@@ -449,3 +449,16 @@ def test_workers_return_many_tensors_within_a_low_open_file_limit():
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert [float(t[0, 0]) for t in got[1][:3]] == [1.0, 2.0, 3.0] and len(got[0]) == 600
+
+
+def test_constraints_may_come_from_any_iterable_but_not_alone(translator):
+    """Before: a generator was used up by the count check and then read as no constraints,
+    silently (found by review)."""
+    tr = translator(TRANSFORMER, decode=SHORT)
+    lines = ["a house", "the dog"]
+    made = tr.constraints_for(lines, prefixes=["red", "blue"])
+    out = [r[0].target_pieces for r in tr.translate(lines, constraints=(c for c in made))]
+    assert out == [r[0].target_pieces for r in tr.translate(lines, constraints=made)]
+    assert [pieces[0] for pieces in out] == ["\u2581red", "\u2581blue"]
+    with pytest.raises(XindaError, match=r"a list of constraints, not one TargetPrefix"):
+        tr.translate(lines, constraints=made[0])

@@ -109,6 +109,11 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     warnings = [line for line in proc.stderr.splitlines() if UNSATISFIABLE in line]
     # named as the couplet and poem commands name theirs (before: without "xinda: warning:")
     assert warnings == [f"xinda: warning: line {n}: {UNSATISFIABLE}" for n in (3, 4, 6)]
+    scored = translate(xinda, trained, folder, "--prefix", folder / "prefix.txt",
+                       "--exact-length", "2", "--scores").stdout.splitlines()
+    # a score column on every line (before: a bare empty line, without the tab)
+    assert [scored[i] for i in (2, 3, 5)] == ["-inf\t"] * 3
+    assert [row.split("\t")[1] for row in scored] == out
 
 
 @pytest.mark.parametrize(("args", "fragments"), [

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from xinda.apps.corpus import to_simplified
 from xinda.apps.poetry import FORMS, source_text, template
 from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
-from xinda.config import DecodeConfig
+from xinda.config import MAX_ROWS, DecodeConfig
 from xinda.decode.translator import Translation, Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, is_punctuation
@@ -160,7 +160,8 @@ def _beam_search(translator: Translator, options: dict, nbest: int) -> None:
         raise XindaError("couplets and poems are written by beam search: sampling is not "
                          "supported (use nbest for several outputs)")
     options["sampling"] = False
-    options.setdefault("beam", max(nbest, translator.cfg.decode.beam))
+    # (at most MAX_ROWS: too large an nbest is then refused by its own name, not as the beam)
+    options.setdefault("beam", min(max(nbest, translator.cfg.decode.beam), MAX_ROWS))
 
 
 def _room_for(rules, n: int, options: dict) -> None:

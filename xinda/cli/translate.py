@@ -210,14 +210,15 @@ def _read_prefixes(path: Path | None, n_lines: int) -> list[str] | None:
 
 
 def _output_lines(results, n_best: int, scores: bool) -> list[str]:
-    """One line per input line (its best translation; '' for a line with no output, with a
-    warning), or with ``n_best`` > 1 'i ||| text ||| score' per hypothesis."""
+    """One line per input line (its best translation, after 'score<TAB>' with ``scores``; a
+    line with no output is '', or '-inf<TAB>', with a warning), or with ``n_best`` > 1
+    'i ||| text ||| score' per hypothesis."""
     out = []
     for i, nbest_list in enumerate(results):
         if nbest_list[0].error:
             log.warning("line %d: %s", i + 1, nbest_list[0].error)
-            if n_best == 1:
-                out.append("")
+            if n_best == 1:  # (a score column on every line: before, '' without it)
+                out.append("-inf\t" if scores else "")
         elif n_best > 1:
             out += [f"{i} ||| {t.text} ||| {t.score:.4f}" for t in nbest_list]
         else:

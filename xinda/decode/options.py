@@ -15,12 +15,18 @@ BEAM_ONLY = DecodeConfig.BEAM_ONLY  # beam-search options, unused when sampling
 SAMPLING_ONLY = DecodeConfig.SAMPLING_ONLY  # sampling options, unused by beam search
 
 
-def check_constraints(constraints: Sequence[Constraint], lines: int) -> None:
-    """Constraints built for another number of sentences than ``lines`` are a XindaError."""
+def check_constraints(constraints: Sequence[Constraint], lines: int) -> list[Constraint]:
+    """``constraints`` as a list (a generator read once would be read as none); a bare
+    Constraint, or one built for another number of sentences than ``lines``, is a XindaError."""
+    if isinstance(constraints, Constraint):
+        raise XindaError(f"constraints: a list of constraints, not one "
+                         f"{type(constraints).__name__} (write [constraint])")
+    constraints = list(constraints)
     for constraint in constraints:
         if (n := constraint.sentences()) is not None and n != lines:
             raise XindaError(f"a {type(constraint).__name__} constraint built for {n} "
                              f"sentences, given with {lines} lines")
+    return constraints
 
 
 def check_format(name: str, value: str) -> str:

@@ -12,14 +12,14 @@ penalty, so that samples rank like beam hypotheses.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from pydantic import ValidationError
 from torch import Tensor
 
-from xinda.config import DecodeConfig
+from xinda.config import DecodeConfig, format_validation_error
 from xinda.decode.constraints import Constraint
 from xinda.decode.search import Choose, Hypothesis, argmax, decode_rows
 from xinda.errors import XindaError
@@ -51,15 +51,11 @@ class SamplingConfig:
         return cls(dec.temperature, dec.top_k, dec.top_p, dec.samples, dec.seed)
 
     def __post_init__(self):
-        if not 0 < self.temperature < math.inf:
-            raise XindaError(f"sampling temperature must be > 0 and finite, got "
-                             f"{self.temperature}")
-        if self.top_k < 0:
-            raise XindaError(f"sampling top-k must be >= 0 (0 = no limit), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise XindaError(f"sampling top-p must be in (0, 1], got {self.top_p}")
-        if self.n < 1:
-            raise XindaError(f"the number of samples must be >= 1, got {self.n}")
+        try:  # DecodeConfig's checks (before: seed 2**64, top_k 2.5 or n True were tracebacks)
+            DecodeConfig(sampling=True, temperature=self.temperature, top_k=self.top_k,
+                         top_p=self.top_p, samples=self.n, seed=self.seed)
+        except ValidationError as err:
+            raise XindaError(format_validation_error(err, "sampling settings")) from None
 
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         """A fresh generator seeded with ``seed``."""

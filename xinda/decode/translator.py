@@ -152,7 +152,7 @@ class Translator:
         pieces_in = check_format("input_format", input_format) == "pieces"
         check_format("output_format", output_format)
         lines = check_lines(lines)
-        check_constraints(constraints, len(lines))
+        constraints = check_constraints(constraints, len(lines))
         dec = self.decode_settings(options)
         check_sampling_options(options, dec, sampler)
         sampling = sampler or SamplingConfig.from_decode(dec)
