@@ -122,6 +122,28 @@ def test_numpy_bucket_edges_are_integers() -> None:
     assert [r["bucket"] for r in rows] == ["1-2", "3-4"]
 
 
+def test_iterators_of_references_and_edges_are_read_once() -> None:
+    """Before: the check of what ``refs`` holds used up an iterator: the first of two
+    streams was dropped (nrefs:1), one stream was read as empty, and edges from an iterator
+    became no edges, one bucket (found by review)."""
+    hyps = ["the cat sat on the mat", "a dog ran in the park"]
+    other = ["one cat was on a rug", "the dog was running outside"]
+    [listed] = corpus_scores(hyps, [hyps, other], ("bleu",))
+    [read] = corpus_scores(hyps, iter([hyps, other]), ("bleu",))
+    assert read == listed and "nrefs:2" in read.signature and read.score == pytest.approx(100)
+    assert corpus_scores(hyps, iter(hyps), ("bleu",))[0].score == pytest.approx(100)
+    sources = ["a b", "a b c d e f"]
+    rows = bleu_by_length(sources, hyps, hyps, edges=iter([1, 5]))
+    assert [r["bucket"] for r in rows] == ["2-5", "6+"]
+
+
+def test_rouge_on_characters_ignores_case_as_on_words() -> None:
+    """Latin terms in Chinese text: "GPU" and "gpu" were different tokens (found by review)."""
+    for tokenize in ("zh", None):
+        assert all(score.score == pytest.approx(100) for score in corpus_scores(
+            ["我们使用GPU训练"], ["我们使用gpu训练"], ("rouge",), tokenize=tokenize))
+
+
 def test_read_hyps_refs(tmp_path) -> None:
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     hyp.write_text("a\nb\n", encoding="utf-8")

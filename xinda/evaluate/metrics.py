@@ -44,6 +44,7 @@ def _ref_streams(refs: Refs) -> list[list[str]]:
     """Normalise one reference stream or several into a list of streams."""
     if isinstance(refs, str):
         raise XindaError("references: expected a list of strings (or of streams), got str")
+    refs = list(refs)  # (an iterator read once by the check below lost its first stream)
     if all(isinstance(r, str) for r in refs):
         return [check_lines(refs, "references")]
     return [check_lines(stream, f"reference stream {i}") for i, stream in enumerate(refs, 1)]
@@ -161,10 +162,11 @@ def corpus_scores(
 
 
 class _Characters:
-    """rouge-score tokenizer for Chinese: every non-space character is a token."""
+    """rouge-score tokenizer for Chinese: every non-space character, lowercased (as ROUGE's
+    words are: "GPU" and "gpu" in Chinese text are the same tokens), is a token."""
 
     def tokenize(self, text: str) -> list[str]:
-        return [ch for ch in text if not ch.isspace()]
+        return [ch for ch in text.lower() if not ch.isspace()]
 
 
 class _Words:
@@ -303,6 +305,7 @@ def bleu_by_length(
     sources form a "0" bucket. Empty buckets are left out. ``unit`` "auto" counts characters
     when the sources are mostly CJK, else whitespace-separated words.
     """
+    edges = list(edges)  # (an iterator was used up by the check: one bucket)
     if not all(isinstance(e, Integral) and not isinstance(e, bool) for e in edges):
         raise XindaError(f"length bucket edges must be increasing positive integers: {edges}")
     edges = [int(e) for e in edges]  # (numpy integers too)
