@@ -23,6 +23,20 @@ def test_attention_plot_writes_one_png_per_sentence(trained, xinda, tmp_path):
     assert sorted(p.name for p in plots.glob("*.png")) == ["00000.png", "notes.png"]
 
 
+def test_attention_plot_refuses_a_folder_of_someone_else_s_numbered_pngs(trained, xinda,
+                                                                         one_line_error,
+                                                                         tmp_path):
+    """Video frames are named 00000.png ... as the plots are; before, a shorter input deleted
+    those past it, and the others were overwritten (found by review)."""
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    (frames / "00050.png").write_bytes(b"a frame")
+    proc = xinda("translate", trained.model_dir, "--attention-plot", frames, input="five\n",
+                 ok=False)
+    one_line_error(proc, f"--attention-plot {frames}: holds 00050.png", "empty or new folder")
+    assert (frames / "00050.png").read_bytes() == b"a frame"
+
+
 def test_coverage_penalty_option_translates_every_line(trained, xinda, tmp_path):
     lines = ["three hundred four", "seventy-one thousand two"]
     src = tmp_path / "in.txt"

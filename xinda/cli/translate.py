@@ -17,6 +17,7 @@ from xinda.utils import input_name, read_input
 log = logging.getLogger("xinda")
 
 
+PLOTS_MARK = ".xinda-attention-plots"  # in a folder of plots: xinda's, to replace and clean
 # files a model folder reads or keeps (weights, config, manifest, vocabularies, log, curves)
 MODEL_FILE_SUFFIXES = (".safetensors", ".yaml", ".json", ".model", ".vocab", ".csv", ".png")
 
@@ -31,6 +32,9 @@ def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | 
         check_writable(output)
         _check_not_an_input(output, inputs, model_dirs)
     if plots is not None:
+        if not (plots / PLOTS_MARK).is_file() and (theirs := sorted(_plots_in(plots))):
+            raise XindaError(f"--attention-plot {plots}: holds {theirs[0].name} (the name of a "
+                             "plot), which xinda did not write: choose an empty or new folder")
         check_writable(plots, folder=True)
 
 
@@ -237,8 +241,14 @@ def _plot_attention(results, folder: Path) -> None:
                            title=best.text[:80])
         else:  # an empty or failed line: no picture, and none from an earlier run
             path.unlink(missing_ok=True)
-    for stale in folder.glob("[0-9][0-9][0-9][0-9][0-9].png"):  # an earlier run's longer input
+    (folder / PLOTS_MARK).touch()
+    for stale in _plots_in(folder):  # an earlier run's longer input
         if int(stale.stem) >= len(results):
             stale.unlink()
+
+
+def _plots_in(folder: Path) -> list[Path]:
+    """The files of ``folder`` named as attention plots are (00000.png, 00001.png, ...)."""
+    return list(folder.glob("[0-9][0-9][0-9][0-9][0-9].png")) if folder.is_dir() else []
 
 
