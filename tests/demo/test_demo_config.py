@@ -37,6 +37,12 @@ def test_workdir_moves_every_path_and_seconds_replace_the_budget(tmp_path):
     assert cfg.train.lr == default.train.lr and cfg.data.vocab_size == default.data.vocab_size
 
 
+def test_seconds_win_over_a_set_time_cap():
+    """As translate's options win over --set (before: --set dropped --seconds silently)."""
+    assert demo_config(seconds=60, overrides=["train.max_seconds=900"]).train.max_seconds == 60
+    assert demo_config(overrides=["train.max_seconds=30"]).train.max_seconds == 30
+
+
 def test_the_corpus_written_by_default_has_the_demo_sizes(tmp_path):
     prefixes = write_demo_corpus(tmp_path)
     assert set(prefixes) == set(DEMO_SPLITS)

@@ -290,14 +290,13 @@ def test_a_full_stdout_keeps_the_prepared_data_and_is_one_line(tmp_path):
     assert (tmp_path / "data-bin" / "manifest.json").is_file()
 
 
-def test_a_negative_demo_budget_names_the_option(tmp_path):
-    """Before: the error blamed the demo's own config file (train.max_seconds)."""
-    from typer.testing import CliRunner
-
-    from xinda.cli import app
-
-    result = CliRunner().invoke(app, ["demo", "--workdir", str(tmp_path), "--seconds", "-5"])
-    assert result.exit_code == 2 and "--seconds" in result.output
+@pytest.mark.parametrize("seconds", ["-5", "0"])
+def test_a_demo_budget_not_above_zero_names_the_option(tmp_path, seconds, xinda,
+                                                       one_line_error):
+    """Before: -5 blamed the demo's own config file (train.max_seconds), and 0 was taken as
+    train.max_seconds 0, no cap at all (found by review)."""
+    proc = xinda("demo", "--workdir", tmp_path, "--seconds", seconds, ok=False)
+    one_line_error(proc, f"--seconds must be > 0 (the demo's time cap), got {seconds}")
     assert not any(tmp_path.iterdir())
 
 

@@ -268,13 +268,15 @@ def demo(
     workdir: Annotated[Path | None, typer.Option(
         help="where data and model go (default: the demo config's)")] = None,
     seconds: Annotated[float | None, typer.Option(
-        min=0, help="training time cap in seconds (default: the demo config's; training also stops "
-             "at its train.max_steps)")] = None,
+        help="training time cap in seconds, > 0 (default: the demo config's; training also "
+        "stops at its train.max_steps)")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Generate a number-words -> digits task, train a small Transformer, translate and score."""
     from xinda.demo.run import DEMO_CONFIG, demo_config, run_demo
 
+    if seconds is not None and not seconds > 0:  # (0 would be train.max_seconds' "no limit")
+        raise XindaError(f"--seconds must be > 0 (the demo's time cap), got {seconds:g}")
     validated(demo_config(workdir, seconds, set_ or []), DEMO_CONFIG)  # before it deletes output
     run_demo(workdir, seconds, set_ or [])
 

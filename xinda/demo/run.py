@@ -60,9 +60,8 @@ def demo_config(workdir: Path | None = None, seconds: float | None = None,
                                                                      "out_dir")]
     moves += [f"data.test.{name}={moved(prefix)}" for name, prefix in data.test.items()]
     moves.append(f"train.out_dir={moved(cfg.train.out_dir)}")
-    if seconds is not None:
-        moves.append(f"train.max_seconds={seconds}")
-    return load_config(DEMO_CONFIG, [*moves, *overrides])
+    cap = [] if seconds is None else [f"train.max_seconds={seconds}"]  # (wins over --set's)
+    return load_config(DEMO_CONFIG, [*moves, *overrides, *cap])
 
 
 def run_demo(workdir: Path | None = None, seconds: float | None = None,
@@ -89,8 +88,8 @@ def run_demo(workdir: Path | None = None, seconds: float | None = None,
           f"{' or '.join(limits) or f'{cfg.train.max_epochs} epochs'}"
           f"{', whichever comes first' if len(limits) > 1 else ''}")
     progress = Trainer(cfg).train()
-    print(f"    {progress.step} updates, {progress.tgt_tokens / progress.train_seconds:.0f} "
-          f"target tokens/s")
+    print(f"    {progress.step} updates, "  # (none: the time cap came before the first)
+          f"{progress.tgt_tokens / max(progress.train_seconds, 1e-9):.0f} target tokens/s")
     print(f"3/3 translate the held-out test set (beam {cfg.decode.beam})")
     test = cfg.data.test["test"]
     sources = list(read_lines(f"{test}.{cfg.data.src_lang}"))
