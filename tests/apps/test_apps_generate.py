@@ -176,6 +176,23 @@ def test_bad_poem_prompts_are_one_line_errors(translator, prompt, message):
         write_poems(translator, [prompt], rhyme="rhyme" in message)
 
 
+def test_a_model_prepared_for_another_task_is_warned_about(translator, caplog, monkeypatch):
+    """Before: `xinda couplet` with a translation model printed an empty line and exited 0,
+    and `xinda poem` with a couplet model blamed "，" (found by review). Warned, not refused:
+    a couplet corpus may have other file suffixes than the recipe's up/down."""
+    write_couplets(translator, ["春风"])
+    assert ("this model was prepared as a translate model (src -> tgt), not as a couplet "
+            "model (up -> down)") in caplog.text
+    caplog.clear()
+    data = translator.cfg.data.model_copy(update={"src_lang": "up", "tgt_lang": "down"})
+    monkeypatch.setattr(translator.cfg, "data", data)
+    write_couplets(translator, ["春风"])
+    assert "prepared as" not in caplog.text
+    write_poems(translator, [PoemPrompt(("春",))])
+    assert "prepared as a couplet model (up -> down), not as a poetry model (kw -> poem)" \
+        in caplog.text
+
+
 def test_too_large_an_nbest_is_named_as_nbest(translator):
     """Before: the default beam took the nbest, and the error blamed decode.beam, which the
     caller never gave (found by review)."""

@@ -7,10 +7,12 @@ A line whose rules no hypothesis can satisfy comes back as an ``Output`` with ``
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xinda.apps import couplet, poetry
 from xinda.apps.corpus import to_simplified
 from xinda.apps.poetry import FORMS, source_text, template
 from xinda.apps.rules import CharacterTable, CoupletRules, PoemRules
@@ -19,6 +21,8 @@ from xinda.decode.translator import Translation, Translator
 from xinda.errors import XindaError
 from xinda.evaluate.generation import is_han, is_punctuation
 from xinda.utils import check_lines, visible_text
+
+log = logging.getLogger("xinda")
 
 
 @dataclass(frozen=True)
@@ -118,9 +122,26 @@ def check_output_fits(translator: Translator, length: int, where: str) -> None:
                          f"writes at most {writes} (its position table)")
 
 
-def _check_characters(translator: Translator) -> None:
+TASKS = {couplet.SIDES: "couplet", poetry.SIDES: "poetry"}  # (src_lang, tgt_lang) -> task
+
+
+def model_task(translator: Translator) -> str:
+    """"couplet", "poetry" or "translate": what the model was prepared for, by its data's
+    file suffixes (the recipes' corpora: up -> down, kw -> poem)."""
+    data = translator.cfg.data
+    return TASKS.get((data.src_lang, data.tgt_lang), "translate")
+
+
+def _check_characters(translator: Translator, task: str) -> None:
     """The rules count output tokens as characters: the model's targets must have been
-    pre-tokenised into characters."""
+    pre-tokenised into characters. A model of another ``task`` is warned about (its outputs
+    keep the rules, but it learnt another mapping; not refused: its data may be named
+    otherwise)."""
+    if (found := model_task(translator)) != task:
+        data = translator.cfg.data
+        log.warning("this model was prepared as a %s model (%s -> %s), not as a %s model (%s "
+                    "-> %s)", found, data.src_lang, data.tgt_lang, task,
+                    *next(sides for sides, name in TASKS.items() if name == task))
     pretok = translator.tgt_text.pretok
     if pretok != "char":
         raise XindaError(f"couplets and poems need a model whose targets are single characters "
@@ -134,7 +155,7 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
     Whitespace, control and format characters are not part of a first line
     (``first_line_characters``); a first line of nothing else, or of punctuation only, is a
     XindaError."""
-    _check_characters(translator)
+    _check_characters(translator, "couplet")
     table = CharacterTable.of(translator.tgt_vocab)
     lines = [as_written(first_line_characters(up), table)
              for up in check_lines(ups, "first lines")]
@@ -196,7 +217,7 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
                 rhyme: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best poems of each prompt (``PoemRules``): 4 lines, or one per acrostic
     character, of exactly ``form`` characters, punctuated as ``template`` says."""
-    _check_characters(translator)
+    _check_characters(translator, "poetry")
     table = CharacterTable.of(translator.tgt_vocab)
     sources, layouts, lengths, heads = [], [], [], []
     if isinstance(prompts, PoemPrompt) or not hasattr(prompts, "__iter__"):

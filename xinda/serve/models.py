@@ -7,12 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from xinda.apps.generate import model_task
 from xinda.decode.translator import Translator
 from xinda.device import pick_precision
 from xinda.errors import XindaError
 from xinda.models.registry import resolve
-
-TASKS = {("up", "down"): "couplet", ("kw", "poem"): "poetry"}  # (src_lang, tgt_lang) -> task
 
 
 @dataclass(frozen=True)
@@ -25,9 +24,7 @@ class ServedModel:
     @classmethod
     def of(cls, name: str, translator: Translator) -> ServedModel:
         """``translator`` served as ``name``; its task from its data languages."""
-        data = translator.cfg.data
-        task = TASKS.get((data.src_lang, data.tgt_lang), "translate")
-        return cls(name, translator, task, resolve(translator.cfg.model).arch)
+        return cls(name, translator, model_task(translator), resolve(translator.cfg.model).arch)
 
     def info(self) -> dict:
         """The model's entry in GET /v1/models."""
