@@ -34,8 +34,9 @@ def assert_error(response, status: int, code: str, *fragments: str) -> str:
 
 
 def test_health_and_models(client):
-    head = client.head("/health")  # load balancers' probes (before: 405)
-    assert head.status_code == 200 and head.content == b""
+    for path in ("/health", "/v1/models", "/metrics"):  # probes (before: 405; found by review)
+        head = client.head(path)
+        assert head.status_code == 200 and head.content == b"", path
     assert client.get("/health").json() == {"status": "ok",
                                             "models": ["numbers", "couplet", "poetry"]}
     models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}

@@ -299,6 +299,8 @@ def routes(svc: Service) -> APIRouter:
         """Prometheus metrics."""
         return Response(svc.metrics.render(), media_type=svc.metrics.content_type)
 
+    for path, endpoint in (("/v1/models", models), ("/metrics", metrics)):  # HEAD where GET is
+        api.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
     return api
 
 
