@@ -167,6 +167,28 @@ def test_cors_is_off_unless_configured(make_client):
         assert refused.headers["access-control-allow-origin"] == "http://example.test"
 
 
+@pytest.mark.parametrize(("preflight", "why"), [
+    ({"Origin": "http://evil.test", "Access-Control-Request-Method": "POST"},
+     "Disallowed CORS origin"),
+    ({"Access-Control-Request-Method": "PUT"}, "Disallowed CORS method"),
+    ({"Access-Control-Request-Headers": "x-custom"}, "Disallowed CORS headers")])
+def test_a_refused_cors_preflight_is_a_counted_json_error(make_client, preflight, why):
+    """Before: plain text from Starlette, and not in the metrics (found by review)."""
+    asked = {"Origin": "http://example.test", "Access-Control-Request-Method": "POST",
+             **preflight}
+    with make_client(cors_origins=("http://example.test",)) as client:
+        ok = client.options("/v1/translate", headers={"Origin": "http://example.test",
+                                                      "Access-Control-Request-Method": "POST"})
+        assert ok.status_code == 200
+        refused = client.options("/v1/translate", headers=asked)
+        assert refused.status_code == 400
+        assert refused.json()["error"] == {"code": "cors_refused",
+                                           "message": f"CORS preflight refused: {why}"}
+        for status in ("200", "400"):
+            assert metric(client, "xinda_requests_total", endpoint="/v1/translate",
+                          status=status) == 1
+
+
 def test_an_unexpected_error_is_a_json_500_with_cors_headers(make_client, monkeypatch):
     """Before: Starlette's outermost error handler answered it, outside the CORS middleware,
     so a browser on another origin could not read the error."""

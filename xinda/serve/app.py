@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Route
@@ -42,7 +41,7 @@ from xinda.serve.auth import API_KEY, BEARER, check_api_key
 from xinda.serve.errors import ApiError, install_error_handlers
 from xinda.serve.json_body import UniqueKeysRoute
 from xinda.serve.metrics import Metrics
-from xinda.serve.middleware import CLIENT_GONE, RequestGuard
+from xinda.serve.middleware import CLIENT_GONE, JsonCORS, RequestGuard
 from xinda.serve.models import ServedModel, load_models
 from xinda.serve.schemas import (
     Constraints,
@@ -341,7 +340,8 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
                        body_paths=POSTS, api_key=settings.api_key,
                        hosts=None if settings.api_key else frozenset((*LOOPBACK, "")))
     if settings.cors_origins:  # added last = outermost: the guard's refusals get CORS too
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+        app.add_middleware(JsonCORS, metrics=svc.metrics,
+                           allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", "Authorization", "X-API-Key"])
     add_page(app)

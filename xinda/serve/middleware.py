@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 import time
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from xinda.serve.auth import check_api_key
@@ -157,3 +160,37 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
     return replay
+
+
+class JsonCORS(CORSMiddleware):
+    """Starlette's CORS middleware (outermost: the guard's refusals get CORS headers too), with
+    its refused preflights in the JSON error shape (before: plain text) and every preflight,
+    which it answers itself, counted in the metrics as the guard counts the rest."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, **options):
+        super().__init__(app, **options)
+        self.metrics = metrics
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        cors = {k: v for k, v in response.headers.items() if k.startswith("access-control-")}
+        return error_response(response.status_code, "cors_refused",
+                              f"CORS preflight refused: {response.body.decode()}", cors)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope) if scope["type"] == "http" else {}
+        if not (scope.get("method") == "OPTIONS" and "origin" in headers
+                and "access-control-request-method" in headers):  # (not a preflight)
+            await super().__call__(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        await super().__call__(scope, receive, send_status)
+        self.metrics.request(scope["path"], status[0], time.perf_counter() - start)
