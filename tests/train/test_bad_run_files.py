@@ -283,3 +283,23 @@ def test_an_optimizer_state_for_other_parameters_starts_afresh_with_a_warning(ru
         assert checked_state(state, Path("s.json"), other)["optimizer"] is None
     assert f"s.json: its optimizer state is for {sizes} parameters, the model has " \
            f"[{sizes[0] + 2}]" in caplog.text and "the optimizer starts afresh" in caplog.text
+
+
+def test_a_long_training_pair_is_not_named_by_a_corpus_line(tmp_path):
+    """Prepare filters training pairs (length, ratio, duplicates): the index of a kept pair is
+    no line of the corpus, and the error said "sentence N" as for valid (found by review)."""
+    from xinda.train.run_dir import check_lengths
+
+    class Arrays:
+        def __init__(self, lengths):
+            self.lengths = np.array(lengths)
+
+        def __len__(self):
+            return len(self.lengths)
+
+    pair = (Arrays([3, 40, 5]), Arrays([3, 4, 5]))
+    with pytest.raises(XindaError, match="train source pair 2 of those kept "
+                                         r"\(filtered: not a corpus line\) has 40 pieces"):
+        check_lengths(tmp_path, "train", pair, 32)
+    with pytest.raises(XindaError, match="valid source sentence 2 has 40 pieces"):
+        check_lengths(tmp_path, "valid", pair, 32)

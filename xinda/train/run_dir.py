@@ -319,8 +319,10 @@ def check_lengths(data_dir: Path, split: str, pair: tuple, max_positions: int) -
         longest = int(arrays.lengths.argmax())
         n = int(arrays.lengths[longest])
         if n + 1 > max_positions:
+            which = (f"pair {longest + 1} of those kept (filtered: not a corpus line)"
+                     if split == "train" else f"sentence {longest + 1}")
             raise XindaError(
-                f"{data_dir}: {split} {side} sentence {longest + 1} has {n} pieces, but "
+                f"{data_dir}: {split} {side} {which} has {n} pieces, but "
                 f"model.max_positions {max_positions} takes at most {max_positions - 1}: raise "
                 "it, or prepare with a smaller data.max_len (data.long_pairs: truncate for valid)")
 
