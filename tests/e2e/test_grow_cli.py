@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from xinda.checkpoint import list_checkpoints, load_state
+from xinda.checkpoint import list_checkpoints, load_state, state_json
 from xinda.config import TrainConfig
 from xinda.errors import XindaError
 from xinda.train.grow import grow_model_dir
@@ -124,6 +124,28 @@ def test_resume_continues_with_the_lr_at_its_peak(grown, xinda):
     assert translator.model.cfg.encoder_layers == 2
     out = translator.translate_text(["one hundred two", "", "seven"], beam=2)
     assert len(out) == 3 and out[1] == ""
+
+
+def test_the_old_model_s_unlogged_updates_keep_a_row_of_their_own(grown, tmp_path):
+    """A checkpoint may hold updates not yet in the log (fewer than log_every since its last
+    row). Before: the grown model kept them pending, and its first row mixed the old model's
+    losses with its own (found by review)."""
+    import json
+    import shutil
+
+    shallow = tmp_path / "shallow"
+    shutil.copytree(grown[0], shallow)
+    meta = state_json(list_checkpoints(shallow)[-1])
+    document = json.loads(meta.read_text(encoding="utf-8"))
+    document["state"]["progress"]["log_window"] = [6.0, 4.0, 3, 0.5]  # 3 tokens unlogged
+    meta.write_text(json.dumps(document), encoding="utf-8")
+    deep = grow_model_dir(shallow, 2, tmp_path / "deep")
+    state = load_state(list_checkpoints(deep)[-1])
+    assert state["progress"]["log_window"] == [0.0, 0.0, 0, 0.0]
+    last = rows(deep)[-1]
+    assert int(last["step"]) == SHALLOW_STEPS and float(last["train_loss"]) == 2.0
+    assert float(last["tok_per_s"]) == 6.0
+    assert [r["step"] for r in rows(deep)].count(str(SHALLOW_STEPS)) == 1
 
 
 def test_the_default_output_is_beside_the_model_directory(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ from xinda.train.curves import CsvLog, read_rows
 from xinda.train.progress import Progress
 from xinda.train.run_dir import trained_weights
 from xinda.train.saved_state import checked_state
+from xinda.train.schedule import learning_rate
 from xinda.utils import atomic_save, check_writable, write_errors
 
 log = logging.getLogger("xinda")
@@ -107,6 +108,7 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
     new = grow_encoder(old, build_model(new_cfg, vocab))
     state = checked_state(ckpt.load_state(found[-1]), ckpt.state_json(found[-1]))
     progress = Progress(**state["progress"])
+    old_lr = learning_rate(cfg.train, progress.step, old_cfg.model_dim, progress.lr_resets)
     progress.reset_best()
     progress.lr_resets = [*progress.lr_resets, progress.step]
     if (model_dir / "log.csv").is_file():
@@ -120,8 +122,12 @@ def grow_model_dir(model_dir: str | Path, layers: int, out: str | Path | None = 
             if (model_dir / name).is_file():
                 atomic_save(out / name,
                             lambda tmp, src=model_dir / name: shutil.copyfile(src, tmp))
-        if (out / "log.csv").is_file():
-            CsvLog(out / "log.csv").truncate_after(progress.step)
+        if (out / "log.csv").is_file():  # the old model's unlogged updates get their own row
+            csv_log, window = CsvLog(out / "log.csv"), progress.log_window  # (before: merged
+            csv_log.truncate_after(progress.step, not window[2])  # into the grown model's first)
+            if window[2]:
+                csv_log.write_window(progress, old_lr)
+        progress.log_window = asdict(Progress())["log_window"]
         new_state = {"optimizer": None, "scaler": torch.amp.GradScaler("cpu").state_dict(),
                      "rng": state["rng"], "progress": asdict(progress),
                      # per-rank RNG, and the batches per update the resume must keep
