@@ -92,15 +92,21 @@ def _umask() -> int:
         return mask
 
 
-def check_writable(path: str | Path, folder: bool = False) -> None:
+def check_writable(path: str | Path, folder: bool = False, make: bool = True) -> None:
     """Fail early, before hours of work, where ``path`` (a file, or with ``folder`` a folder
-    to write files into) cannot be written; makes missing parent folders."""
+    to write files into) cannot be written; makes missing parent folders, or with ``make``
+    False checks the nearest one that exists (nothing is left behind by a later refusal)."""
     path = Path(path)
     target = path if folder else path.parent
     if not folder and path.is_dir():
         raise XindaError(f"{path}: is a directory, not a file")
     with write_errors(path):
-        target.mkdir(parents=True, exist_ok=True)
+        if make:
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target = next(p for p in (target, *target.parents) if p.exists() or p.is_symlink())
+            if not target.is_dir():
+                raise NotADirectoryError(20, "not a directory")
         if not os.access(target, os.W_OK | os.X_OK):
             raise PermissionError(13, "permission denied")
 

@@ -259,7 +259,17 @@ def test_translate_writes_its_output_before_the_attention_plots(trained, xinda, 
     out = tmp_path / "out.txt"
     xinda("translate", trained.model_dir, "-o", out, "--attention-plot", tmp_path / "plots",
           input="five\nsix\n")
-    assert len(out.read_text().splitlines()) == 2 and len(list((tmp_path / "plots").iterdir())) == 2
+    assert len(out.read_text().splitlines()) == 2
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 2
+
+
+def test_a_refused_translate_makes_no_folders(trained, xinda, one_line_error, tmp_path):
+    """Before: -o new/sub/out.txt and --attention-plot made their folders before the model or
+    the options were checked, and a refusal left them behind (found by review)."""
+    proc = xinda("translate", tmp_path / "no-model", "-o", tmp_path / "new" / "sub" / "out.txt",
+                 "--attention-plot", tmp_path / "plots" / "x", input="five\n", ok=False)
+    one_line_error(proc, "no-model")
+    assert not any(tmp_path.iterdir())
 
 
 def test_prepare_into_a_file_is_a_one_line_error(prepared, xinda, one_line_error, tmp_path):

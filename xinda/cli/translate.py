@@ -29,13 +29,13 @@ def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | 
     from xinda.utils import check_writable
 
     if output is not None and str(output) != "-":
-        check_writable(output)
+        check_writable(output, make=False)  # (made when written: not by a later refusal)
         _check_not_an_input(output, inputs, model_dirs)
     if plots is not None:
         if not (plots / PLOTS_MARK).is_file() and (theirs := sorted(_plots_in(plots))):
             raise XindaError(f"--attention-plot {plots}: holds {theirs[0].name} (the name of a "
                              "plot), which xinda did not write: choose an empty or new folder")
-        check_writable(plots, folder=True)
+        check_writable(plots, folder=True, make=False)
 
 
 def _check_not_an_input(output: Path, inputs: list[Path | None], model_dirs: list[Path]) -> None:
@@ -234,6 +234,7 @@ def _output_lines(results, n_best: int, scores: bool) -> list[str]:
 def _plot_attention(results, folder: Path) -> None:
     from xinda.evaluate.attention_plot import plot_attention
 
+    folder.mkdir(parents=True, exist_ok=True)
     for i, nbest_list in enumerate(results):
         best, path = nbest_list[0], folder / f"{i:05d}.png"
         if best.attention is not None:
