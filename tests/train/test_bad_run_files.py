@@ -303,3 +303,19 @@ def test_a_long_training_pair_is_not_named_by_a_corpus_line(tmp_path):
         check_lengths(tmp_path, "train", pair, 32)
     with pytest.raises(XindaError, match="valid source sentence 2 has 40 pieces"):
         check_lengths(tmp_path, "valid", pair, 32)
+
+
+@pytest.mark.parametrize(("model", "joint", "warned"), [
+    ({"preset": "transformer-tiny", "share_embeddings": True}, False, True),
+    ({"preset": "transformer-tiny"}, False, False),  # the default: no choice was made
+    ({"preset": "transformer-tiny", "share_embeddings": True}, True, False)])
+def test_shared_embeddings_asked_for_separate_vocabularies_are_warned_about(model, joint,
+                                                                            warned, caplog):
+    """Silently unused before (each side kept its own table)."""
+    from xinda.data.vocab import VocabInfo
+    from xinda.train.run_dir import warn_data_fit
+
+    lengths = type("Arrays", (), {"lengths": np.array([3, 4])})()
+    cfg = ExperimentConfig.model_validate({"model": model})
+    warn_data_fit(cfg, lengths, lengths, VocabInfo(90, 80, 0, 2, 3, joint))
+    assert ("model.share_embeddings has no effect" in caplog.text) is warned

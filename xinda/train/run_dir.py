@@ -346,6 +346,17 @@ def warn_validation_settings(tc: TrainConfig, has_valid: bool, has_scorer: bool)
                     "(xinda.evaluate.validation.validation_bleu builds one)")
 
 
+def warn_data_fit(cfg: ExperimentConfig, src, tgt, vocab: VocabInfo) -> None:
+    """Warnings about how the prepared data fits the run: pairs longer than the batch budget
+    (``warn_oversized``), and model.share_embeddings given for separate vocabularies, where
+    it has no effect (before: silently)."""
+    warn_oversized(src, tgt, cfg.train.max_tokens)
+    if cfg.model.get("share_embeddings") is True and not vocab.joint:
+        log.warning("model.share_embeddings has no effect: the data was prepared with separate "
+                    "source and target vocabularies (data.joint_vocab false), so each side "
+                    "keeps its own embedding table")
+
+
 def warn_oversized(src, tgt, max_tokens: int) -> None:
     """Warn about training pairs (source and target arrays) longer than ``max_tokens`` (with
     EOS): each becomes a batch of its own, above the budget (memory follows the longest)."""

@@ -48,7 +48,7 @@ from xinda.train.run_dir import (
     check_splits,
     checked_model,
     retire_average,
-    warn_oversized,
+    warn_data_fit,
     warn_validation_settings,
     write_stats,
 )
@@ -99,7 +99,7 @@ class Trainer:
         check_splits(self.data_dir, (self.train_src, self.train_tgt), self.has_valid,
                      self.model_cfg.max_positions, self.vocab)
         if self.ranks.is_main:
-            warn_oversized(self.train_src, self.train_tgt, tc.max_tokens)
+            warn_data_fit(cfg, self.train_src, self.train_tgt, self.vocab)
         self.progress, self.valid_bleu = Progress(), valid_bleu
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
         self.saved_step: int | None = None  # the update of the newest checkpoint
