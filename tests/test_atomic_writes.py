@@ -8,6 +8,8 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +60,33 @@ def test_dev_stdout_to_a_pipe_is_written_in_place():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "hi\n", "")
+
+
+@pytest.mark.parametrize("redirect", [">", ">>"])
+def test_dev_stdout_to_a_file_keeps_what_the_shell_wrote_before(tmp_path, redirect):
+    """Before: /dev/stdout, a link to the file the shell opened, was followed and the file
+    replaced: an appended log lost its earlier lines, and what the shell wrote after went to
+    the old, unlinked file (found by review)."""
+    log = tmp_path / "log.txt"
+    log.write_text("earlier\n")
+    code = "from xinda.utils import atomic_write_text; atomic_write_text('/dev/stdout', 'hi\\n')"
+    script = f'{{ echo before; {sys.executable} -c "{code}"; echo after; }} {redirect} {log}'
+    subprocess.run(["bash", "-c", script], check=True)
+    kept = "earlier\n" if redirect == ">>" else ""
+    assert log.read_text() == f"{kept}before\nhi\nafter\n"
+
+
+def test_a_file_under_dev_shm_is_replaced_as_any_file(tmp_path):
+    """Only streams are appended to; a regular file under /dev (tmpfs) is replaced."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm here")
+    with tempfile.NamedTemporaryFile("w", dir="/dev/shm", suffix=".txt", delete=False) as f:
+        f.write("old text\n")
+    try:
+        atomic_write_text(f.name, "new\n")
+        assert Path(f.name).read_text() == "new\n"
+    finally:
+        os.unlink(f.name)
 
 
 def test_a_new_file_gets_the_umasks_permissions_and_an_old_file_keeps_its_own(tmp_path):

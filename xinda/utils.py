@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -26,17 +27,16 @@ MAX_THREADS = 1024  # torch threads; more crash OpenMP ("Thread creation failed"
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it over ``path`` only on success. A
-    symbolic link is written through (its target is replaced); a device or FIFO that exists
-    (``/dev/stdout``, a pipe) is written in place. The file gets the old file's permissions, or
+    symbolic link is written through (its target is replaced); a stream (``/dev/stdout``, a
+    pipe, a device: a link under /dev or /proc, or not a regular file) is written to, never
+    replaced (``/dev/stdout`` may be the file a shell opened: replaced, it lost what the shell
+    wrote before and after; ``_appended_to``). The file gets the old file's permissions, or
     the umask's. Failures to write are ``XindaError`` naming ``path``."""
     path = Path(path)
-    if path.exists() and not path.is_file():  # (/dev/stdout: a link to a pipe, not resolved)
-        if path.is_dir():
-            raise XindaError(f"{path}: is a directory, not a file")
-        try:  # a device or FIFO cannot be replaced atomically
-            yield path
-        except OSError as err:  # /dev/full
-            raise _write_error(err, path, str(path)) from None
+    if path.is_dir():
+        raise XindaError(f"{path}: is a directory, not a file")
+    if is_stream(path):
+        yield from _appended_to(path)
         return
     path = path.resolve() if path.is_symlink() else path
     with write_errors(path):
@@ -54,6 +54,37 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+_STD_FD = re.compile(r"/dev/(stdout|stderr|fd/(\d+))|/proc/self/fd/(\d+)")
+
+
+def _appended_to(stream: Path) -> Iterator[Path]:
+    """Yield a temporary file; on success write its bytes to ``stream`` (see atomic_path): to
+    the process's own descriptor for /dev/stdout, /dev/stderr and /dev/fd/N (reopened, the
+    file a shell opened with ``>`` would be written at another offset than the shell's), else
+    to the stream opened for appending."""
+    fd, tmp = tempfile.mkstemp(prefix=".xinda-", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        number = _own_descriptor(stream)
+        if number in (1, 2):
+            (sys.stdout if number == 1 else sys.stderr).flush()
+        with open(tmp, "rb") as written, (os.fdopen(os.dup(number), "ab") if number is not None
+                                          else open(stream, "ab")) as out:
+            shutil.copyfileobj(written, out)
+    except OSError as err:  # /dev/full
+        raise _write_error(err, stream, str(stream)) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _own_descriptor(stream: Path) -> int | None:
+    """The descriptor that /dev/stdout, /dev/stderr, /dev/fd/N or /proc/self/fd/N names."""
+    if (match := _STD_FD.fullmatch(stream.as_posix())) is None:
+        return None
+    return {"stdout": 1, "stderr": 2}.get(match[1]) or int(match[2] or match[3])
 
 
 def _write_error(err: OSError, path: Path, written: str) -> OSError | XindaError:
@@ -97,10 +128,14 @@ def check_writable(path: str | Path, folder: bool = False, make: bool = True) ->
     to write files into) cannot be written; makes missing parent folders, or with ``make``
     False checks the nearest one that exists (nothing is left behind by a later refusal)."""
     path = Path(path)
-    target = path if folder else path.parent
     if not folder and path.is_dir():
         raise XindaError(f"{path}: is a directory, not a file")
     with write_errors(path):
+        if not folder and is_stream(path):  # written in place (atomic_path), not beside
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "permission denied")
+            return
+        target = path if folder else path.parent
         if make:
             target.mkdir(parents=True, exist_ok=True)
         else:
@@ -109,6 +144,13 @@ def check_writable(path: str | Path, folder: bool = False, make: bool = True) ->
                 raise NotADirectoryError(20, "not a directory")
         if not os.access(target, os.W_OK | os.X_OK):
             raise PermissionError(13, "permission denied")
+
+
+def is_stream(path: Path) -> bool:
+    """Whether ``path`` is written as a stream, never replaced: a pipe, a device, or a link
+    under /dev or /proc (/dev/stdout; a regular file there, /dev/shm/file, is not)."""
+    return (path.as_posix().startswith(("/dev/", "/proc/")) and path.is_symlink()) or (
+        path.exists() and not path.is_file())
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
