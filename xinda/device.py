@@ -58,7 +58,9 @@ def pick_precision(name: str, device: torch.device) -> str:
     if name != "auto":
         return name
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        # bf16 in hardware from compute capability 8 (A100 on); torch's is_bf16_supported()
+        # also counts emulation (T4, V100: slow), where fp16 is the fast half precision
+        return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
     return "bf16" if cpu_has_fast_bf16() else "fp32"
 
 

@@ -1,5 +1,5 @@
 """Training tunes CPU memory: oneDNN kernel caches capped (unless the environment sets them), glibc
-keeps freed heap memory."""
+keeps freed heap memory; and precision "auto" picks what the device runs fast (xinda.device)."""
 
 import os
 import platform
@@ -58,3 +58,16 @@ def test_keep_freed_heap_serves_large_blocks_from_the_heap():
 
     assert mapped("default") >= 16 << 20
     assert mapped("keep") == 0
+
+
+@pytest.mark.parametrize(("major", "expected"), [(7, "fp16"), (8, "bf16"), (9, "bf16")])
+def test_auto_precision_on_a_gpu_is_bf16_only_in_hardware(monkeypatch, major, expected):
+    """Before: torch's is_bf16_supported() counts emulation, so a T4 or V100 (compute
+    capability 7) trained in slow emulated bf16 instead of fp16 (found by review)."""
+    import torch
+
+    from xinda.device import pick_precision
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert pick_precision("auto", torch.device("cuda")) == expected
