@@ -40,6 +40,31 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
     assert "line 3" in error(load_config, path)
 
 
+def test_a_key_yaml_reads_as_a_boolean_is_named_as_read(tmp_path):
+    """Before: "train.0: Keys should be strings", a key never written (found by review)."""
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  off: 1\n")
+    assert error(load_config, path) == (f"{path}: train.False: Keys should be strings (YAML "
+                                        "reads yes/no/on/off unquoted as False: quote the key)")
+
+
+@pytest.mark.parametrize("value", ["runs/exp #1", "#x", "runs/exp  # the first"])
+def test_a_comment_in_a_set_value_is_refused(value):
+    """Before: 'runs/exp #1' silently became runs/exp, another run's folder (found by
+    review); quoted, or with '#' inside a word, it is kept."""
+    assert "quote the value" in error(load_config, None, [f"train.out_dir={value}"])
+    assert load_config(None, [f"train.out_dir='{value}'"]).train.out_dir == value
+    assert load_config(None, ["train.out_dir=a#b"]).train.out_dir == "a#b"
+
+
+def test_a_set_reaches_one_section_even_where_a_yaml_alias_shares_it(tmp_path):
+    """Before: --set train.seed=5 changed data.seed too (found by review)."""
+    path = tmp_path / "config.yaml"
+    path.write_text("data: &common {seed: 3}\ntrain: *common\n")
+    cfg = load_config(path, ["train.seed=5"])
+    assert (cfg.data.seed, cfg.train.seed) == (3, 5)
+
+
 @pytest.mark.parametrize(("key", "value", "top"), [
     ("data.seed", -1, 2**32 - 1), ("data.seed", 2**32, 2**32 - 1),  # sentencepiece's uint32
     ("train.seed", -1, 2**32 - 1), ("train.seed", 2**32, 2**32 - 1),  # numpy's

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from xinda.config_yaml import apply_overrides, config_source, one_line, parse_yaml
+from xinda.config_yaml import apply_overrides, config_source, one_line, parse_yaml, unshared
 from xinda.errors import XindaError
 from xinda.utils import MAX_THREADS, atomic_write_text
 
@@ -296,9 +296,14 @@ def format_validation_error(err: ValidationError, where: str, section: str = "")
     """One line: ``where`` (a file), the dotted key path (under ``section``, e.g. "model") and
     pydantic's message for the first error."""
     first = err.errors()[0]
-    path = ".".join([section] * bool(section) + [str(p) for p in first["loc"]])
-    message, given = first["msg"].removeprefix("Value error, "), first.get("input")
-    if isinstance(given, bool) and first["type"] in ("string_type", "literal_error"):
+    loc, given = list(first["loc"]), first.get("input")
+    if first["type"] == "invalid_key":  # (pydantic names a key True as 1)
+        loc[-1] = given
+    path = ".".join([section] * bool(section) + [str(p) for p in loc])
+    message = first["msg"].removeprefix("Value error, ")
+    if isinstance(given, bool) and first["type"] == "invalid_key":
+        message += f" (YAML reads yes/no/on/off unquoted as {given}: quote the key)"
+    elif isinstance(given, bool) and first["type"] in ("string_type", "literal_error"):
         message += f" (YAML reads yes/no/on/off unquoted as {given}: quote the value)"
     elif first["type"] == "int_parsing" and re.fullmatch(r"[-+]?[\d.]+e[-+]?\d+", str(given)):
         message += f" (YAML reads {given} as text, not a number: write it out, e.g. 4000)"
@@ -331,7 +336,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
             raise XindaError(f"{path}: expected a mapping at the top level")
         # a section left empty (only comments) keeps its defaults
         tree = {k: v for k, v in tree.items() if v is not None or k not in SECTIONS}
-    apply_overrides(tree, overrides)  # (which refuses one string for a list)
+    # (a copy: --set on a section must not reach another that a YAML alias shares with it;
+    # apply_overrides refuses one string for a list)
+    tree = apply_overrides(unshared(tree), overrides)
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as err:

@@ -61,6 +61,15 @@ def parse_yaml(text: str, what: str) -> Any:
     raise XindaError(one_line(f"{what}: {reason}"))
 
 
+def unshared(node: Any) -> Any:
+    """``node`` with its own copy of every mapping and list: a YAML alias (*name) shares one
+    object between two places, and a --set on one of them changed both (copy.deepcopy keeps
+    such sharing)."""
+    if isinstance(node, dict):
+        return {key: unshared(value) for key, value in node.items()}
+    return [unshared(value) for value in node] if isinstance(node, list) else node
+
+
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for key in parents:
@@ -81,7 +90,11 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
         key, raw = item.split("=", 1) if "=" in item else ("", "")
         if not all(key.strip().split(".")):  # no "=", or "=5", "train.=5", "train..lr=5"
             raise XindaError(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-3")
-        _set_dotted(tree, key.strip(), parse_yaml(raw, f"--set {item!r}: invalid YAML value"))
+        value = parse_yaml(raw, f"--set {item!r}: invalid YAML value")
+        if re.search(r"(?:^|\s)#", raw) and "#" not in str(value):  # (before: cut silently)
+            raise XindaError(f"--set {item!r}: YAML reads '#' after a space, or first, as the "
+                             f"start of a comment: quote the value, e.g. {key}='{raw.strip()}'")
+        _set_dotted(tree, key.strip(), value)
     return tree
 
 
