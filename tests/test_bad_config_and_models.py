@@ -57,6 +57,15 @@ def test_a_comment_in_a_set_value_is_refused(value):
     assert load_config(None, ["train.out_dir=a#b"]).train.out_dir == "a#b"
 
 
+def test_a_set_of_a_whole_section_is_named_in_its_section_s_errors(tmp_path):
+    """Before: "s.yaml: train: min_lr ..." blamed a file that is valid alone (found by
+    review)."""
+    path = tmp_path / "s.yaml"
+    path.write_text("train: {lr: 0.001}\n")
+    assert error(load_config, path, ["train={lr: 0.001, min_lr: 0.01}"]).startswith(
+        f"{path} with --set train={{lr: 0.001, min_lr: 0.01}}: train: min_lr 0.01 is above")
+
+
 def test_a_set_reaches_one_section_even_where_a_yaml_alias_shares_it(tmp_path):
     """Before: --set train.seed=5 changed data.seed too (found by review)."""
     path = tmp_path / "config.yaml"

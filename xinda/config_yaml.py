@@ -105,8 +105,8 @@ def config_source(path: object, overrides: list[str], key: str, message: str = "
     names."""
     def related(item: str) -> bool:
         given = item.split("=", 1)[0].strip()
-        if "." not in key and message and not re.search(
-                rf"\b{re.escape(given.split('.')[-1])}\b", message):
+        if "." not in key and message and given != key and not re.search(
+                rf"\b{re.escape(given.split('.')[-1])}\b", message):  # (the whole section: kept)
             return False
         return bool(key) and (f"{given}.".startswith(f"{key}.")
                               or f"{key}.".startswith(f"{given}."))
