@@ -206,9 +206,20 @@ def open_text(path: str | Path) -> IO[bytes]:
     if not path.exists():  # not is_file(): /dev/stdin, pipes, <(...) are fine
         raise XindaError(f"{path}: file not found")
     try:
-        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+        return gzip.open(path, "rb") if _gzipped(path) else open(path, "rb")
     except OSError as err:
         raise XindaError(f"{path}: cannot open: {err.strerror or err}") from None
+
+
+def _gzipped(path: Path) -> bool:
+    """Whether to read ``path`` as gzip: named .gz (any case), or a file that starts as gzip
+    does (bytes 1f 8b: never UTF-8 text). A pipe is not peeked at: only its name counts."""
+    if path.suffix.lower() == ".gz":
+        return True
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def input_name(path: str | Path | None) -> str:

@@ -168,3 +168,12 @@ def test_a_file_of_cr_only_line_endings_is_a_one_line_error(data, user_error, tm
     with pytest.raises(XindaError) as error:
         list(read_lines(path))
     assert user_error(error.value).startswith(f"{path}: lines end in a carriage return only")
+
+
+@pytest.mark.parametrize("name", ["corpus.en.GZ", "corpus.en"])
+def test_gzip_data_is_read_whatever_its_name_says(tmp_path, name):
+    """Before: corpus.en.GZ (or gzip data without the suffix) was read as plain text and failed
+    with "invalid UTF-8 (byte 1: b'\\x8b')", no word of gzip (found by review)."""
+    path = tmp_path / name
+    path.write_bytes(gzip.compress("一\ntwo\n".encode()))
+    assert list(read_lines(path)) == ["一", "two"]
