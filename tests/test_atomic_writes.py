@@ -142,3 +142,11 @@ def test_check_writable_makes_missing_folders_and_refuses_a_file_as_a_folder(tmp
     (tmp_path / "file").write_text("x")
     with pytest.raises(XindaError, match="file: cannot write"):
         check_writable(tmp_path / "file", folder=True)
+
+
+def test_a_loop_of_links_is_a_one_line_error(tmp_path):
+    """Before: a bare RuntimeError from Path.resolve (found by review)."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(XindaError, match="a: cannot write: a loop of symbolic links"):
+        atomic_write_text(tmp_path / "a", "x")

@@ -38,7 +38,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     if is_stream(path):
         yield from _appended_to(path)
         return
-    path = path.resolve() if path.is_symlink() else path
+    try:
+        path = path.resolve(strict=False) if path.is_symlink() else path
+    except RuntimeError:  # (Python 3.11's resolve of a link loop)
+        raise XindaError(f"{path}: cannot write: a loop of symbolic links") from None
     with write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
