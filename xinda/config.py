@@ -325,8 +325,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
-            raise XindaError(f"{path}: not UTF-8 text (invalid byte at offset {err.start})"
-                             ) from None
+            line = err.object[:err.start].count(b"\n") + 1
+            raise XindaError(f"{path}: line {line}: not UTF-8 text (invalid byte at offset "
+                             f"{err.start})") from None
         except OSError as err:
             raise XindaError(f"{path}: cannot read: {err.strerror or err}") from None
         tree = parse_yaml(text, f"{path}: invalid YAML")

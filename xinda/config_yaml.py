@@ -51,6 +51,9 @@ def parse_yaml(text: str, what: str) -> Any:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         reason = where + (err.problem or err.context or type(err).__name__)
+    except yaml.reader.ReaderError as err:  # (its position is a character offset)
+        reason = (f"line {text[:err.position].count(chr(10)) + 1}: unacceptable character "
+                  f"U+{err.character:04X}: {err.reason}")  # (the code point, as str is read)
     except yaml.YAMLError as err:
         reason = (str(err).splitlines() or [type(err).__name__])[0]
     except RecursionError:

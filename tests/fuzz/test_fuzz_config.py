@@ -153,9 +153,12 @@ def test_set_puts_the_parsed_value_at_its_dotted_key(key, raw, user_error):
     ("\"a\\nb\": 1", "a\\nb: Extra inputs are not permitted"),
     ("[]", "expected a mapping at the top level"),
     ("false", "expected a mapping at the top level"),
-    (b"train: {lr: \xff}", "not UTF-8 text (invalid byte at offset 12)"),
+    (b"train: {lr: \xff}", "line 1: not UTF-8 text (invalid byte at offset 12)"),
+    # before: no line (found by review)
+    (b"train:\n  out_dir: caf\xe9\n", "line 2: not UTF-8 text (invalid byte at offset 21)"),
+    ("train:\n  lr: 0.1\ny: \x0c\n", "invalid YAML: line 3: unacceptable character U+000C"),
 ], ids=["bad-date", "bad-int", "bad-bool", "bad-timestamp", "deep-nesting", "newline-in-key",
-        "list-document", "false-document", "not-utf8"])
+        "list-document", "false-document", "not-utf8", "not-utf8-line-2", "control-character"])
 def test_found_by_fuzzing_now_one_line_errors(text, fragment, user_error):
     """Inputs that raised ValueError, KeyError, AttributeError, RecursionError or
     UnicodeDecodeError, gave a two-line message, or were silently read as an empty config."""
