@@ -27,11 +27,9 @@ MAX_THREADS = 1024  # torch threads; more crash OpenMP ("Thread creation failed"
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it over ``path`` only on success. A
-    symbolic link is written through (its target is replaced); a stream (``/dev/stdout``, a
-    pipe, a device: a link under /dev or /proc, or not a regular file) is written to, never
-    replaced (``/dev/stdout`` may be the file a shell opened: replaced, it lost what the shell
-    wrote before and after; ``_appended_to``). The file gets the old file's permissions, or
-    the umask's. Failures to write are ``XindaError`` naming ``path``."""
+    symbolic link is written through (its target is replaced), a stream (``is_stream``) is
+    written to, never replaced. The file gets the old file's permissions, or the umask's.
+    Failures to write are ``XindaError`` naming ``path``."""
     path = Path(path)
     if path.is_dir():
         raise XindaError(f"{path}: is a directory, not a file")
@@ -59,21 +57,22 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
-_STD_FD = re.compile(r"/dev/(stdout|stderr|fd/(\d+))|/proc/self/fd/(\d+)")
+_STD_FD = re.compile(r"/dev/(?:fd/|std(?:(out)|err))(\d*)|/proc/self/fd/(\d+)")
 
 
 def _appended_to(stream: Path) -> Iterator[Path]:
-    """Yield a temporary file; on success write its bytes to ``stream`` (see atomic_path): to
-    the process's own descriptor for /dev/stdout, /dev/stderr and /dev/fd/N (reopened, the
-    file a shell opened with ``>`` would be written at another offset than the shell's), else
-    to the stream opened for appending."""
+    """Yield a temporary file; on success write its bytes to ``stream``: to this process's
+    own descriptor for /dev/stdout, /dev/stderr, /dev/fd/N (reopened, a file a shell opened
+    with ``>`` is written at another offset than the shell's), else appended."""
     fd, tmp = tempfile.mkstemp(prefix=".xinda-", suffix=".tmp")
     os.close(fd)
     try:
         yield Path(tmp)
-        number = _own_descriptor(stream)
-        if number in (1, 2):
+        if (std := _STD_FD.fullmatch(stream.as_posix())) is not None:
+            number = int(std[2] or std[3] or (1 if std[1] else 2))
             (sys.stdout if number == 1 else sys.stderr).flush()
+        else:
+            number = None
         with open(tmp, "rb") as written, (os.fdopen(os.dup(number), "ab") if number is not None
                                           else open(stream, "ab")) as out:
             shutil.copyfileobj(written, out)
@@ -81,13 +80,6 @@ def _appended_to(stream: Path) -> Iterator[Path]:
         raise _write_error(err, stream, str(stream)) from None
     finally:
         Path(tmp).unlink(missing_ok=True)
-
-
-def _own_descriptor(stream: Path) -> int | None:
-    """The descriptor that /dev/stdout, /dev/stderr, /dev/fd/N or /proc/self/fd/N names."""
-    if (match := _STD_FD.fullmatch(stream.as_posix())) is None:
-        return None
-    return {"stdout": 1, "stderr": 2}.get(match[1]) or int(match[2] or match[3])
 
 
 def _write_error(err: OSError, path: Path, written: str) -> OSError | XindaError:
@@ -133,19 +125,15 @@ def check_writable(path: str | Path, folder: bool = False, make: bool = True) ->
     path = Path(path)
     if not folder and path.is_dir():
         raise XindaError(f"{path}: is a directory, not a file")
+    stream = not folder and is_stream(path)  # written in place (atomic_path), not beside
+    target = path if folder or stream else path.parent
     with write_errors(path):
-        if not folder and is_stream(path):  # written in place (atomic_path), not beside
-            if not os.access(path, os.W_OK):
-                raise PermissionError(13, "permission denied")
-            return
-        target = path if folder else path.parent
-        if make:
+        if make and not stream:
             target.mkdir(parents=True, exist_ok=True)
-        else:
-            target = next(p for p in (target, *target.parents) if p.exists() or p.is_symlink())
-            if not target.is_dir():
-                raise NotADirectoryError(20, "not a directory")
-        if not os.access(target, os.W_OK | os.X_OK):
+        target = next(p for p in (target, *target.parents) if p.exists() or p.is_symlink())
+        if not (stream or target.is_dir()):
+            raise NotADirectoryError(20, "not a directory")
+        if not os.access(target, os.W_OK if stream else os.W_OK | os.X_OK):
             raise PermissionError(13, "permission denied")
 
 
@@ -217,10 +205,8 @@ def open_text(path: str | Path) -> IO[bytes]:
 def _gzipped(path: Path) -> bool:
     """Whether to read ``path`` as gzip: named .gz (any case), or a file that starts as gzip
     does (bytes 1f 8b: never UTF-8 text). A pipe is not peeked at: only its name counts."""
-    if path.suffix.lower() == ".gz":
-        return True
-    if not path.is_file():
-        return False
+    if path.suffix.lower() == ".gz" or not path.is_file():
+        return path.suffix.lower() == ".gz"
     with open(path, "rb") as f:
         return f.read(2) == b"\x1f\x8b"
 
@@ -238,11 +224,9 @@ def read_input(path: str | Path | None) -> list[str]:
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or .gz) without newlines.
-
-    Raises XindaError naming the file and 1-based line on invalid UTF-8, and naming the file,
-    the cause and the last line read on a truncated, corrupt or non-gzip ``.gz`` file.
-    """
+    """Yield the lines of a UTF-8 text file (plain or gzip) without newlines. A XindaError
+    names the file and 1-based line on invalid UTF-8, and the file, the cause and the last
+    line read on a truncated, corrupt or non-gzip ``.gz`` file."""
     with open_text(path) as f:
         yield from decode_lines(f, str(path))
 
@@ -314,9 +298,8 @@ def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
 
 
 def _unless_cr_only(lines: Iterator[bytes], name: str) -> Iterator[bytes]:
-    """The ``lines`` after the first (which has a carriage return inside), or a XindaError when
-    it is the stream's only line: a file with CR-only (classic Mac) line endings, whose
-    sentences would otherwise run together into one."""
+    """The ``lines`` after the first (which has a carriage return inside); a XindaError when
+    it is the only line: CR-only (old Mac) line endings, whose sentences would run together."""
     try:
         second = next(lines)
     except StopIteration:
