@@ -17,9 +17,9 @@ from xinda.utils import input_name, read_input
 log = logging.getLogger("xinda")
 
 
-PLOTS_MARK = ".xinda-attention-plots"  # in a folder of plots: xinda's, to replace and clean
 # files a model folder reads or keeps (weights, config, manifest, vocabularies, log, curves)
 MODEL_FILE_SUFFIXES = (".safetensors", ".yaml", ".json", ".model", ".vocab", ".csv", ".png")
+PLOTS_MARK = ".xinda-attention-plots"  # in a folder of plots: xinda's, to replace and clean
 
 
 def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | None],
