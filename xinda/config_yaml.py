@@ -41,6 +41,36 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """PyYAML's, except that a scalar that does not convert (2001-13-01, !!int x) or
+        that YAML 1.1 reads unlike a person (010 is 8, 1:30 is 90) is an error at its line."""
+        try:
+            value = super().construct_object(node, deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as err:
+            # KeyError, AttributeError... on scalars that do not convert
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot convert {node.value!r}: {type(err).__name__}: {err}",
+                node.start_mark) from err
+        if isinstance(node, yaml.ScalarNode) and type(value) in (int, float):
+            _refuse_yaml_1_1_surprise(node, value)
+        return value
+
+
+def _refuse_yaml_1_1_surprise(node: yaml.ScalarNode, value: float) -> None:
+    """YAML 1.1 reads a leading 0 as octal and colons as base 60 (YAML 1.2 dropped both)."""
+    text = node.value.replace("_", "")
+    if ":" in text:
+        reading = "base 60"
+    elif re.fullmatch(r"[-+]?0[0-7]+", text) and int(text, 8) != int(text, 10):
+        reading = "octal"
+    else:
+        return
+    raise yaml.constructor.ConstructorError(
+        None, None, f"YAML 1.1 reads {node.value} as {reading}, {value}: write the number "
+        f"you mean, or quote '{node.value}' for text", node.start_mark)
+
 
 def parse_yaml(text: str, what: str) -> Any:
     """``yaml.safe_load(text)``, refusing duplicate keys; any failure is a one-line
@@ -58,9 +88,8 @@ def parse_yaml(text: str, what: str) -> Any:
         reason = (str(err).splitlines() or [type(err).__name__])[0]
     except RecursionError:
         reason = "nested too deeply"
-    except Exception as err:  # noqa: BLE001 - PyYAML's constructors raise ValueError, KeyError,
-        # AttributeError... on scalars that do not convert: 2001-13-01, !!int x, !!timestamp x
-        reason = f"cannot convert a value: {type(err).__name__}: {err}"
+    except Exception as err:  # noqa: BLE001 - a failure outside the loader's scalars
+        reason = f"{type(err).__name__}: {err}"
     raise XindaError(one_line(f"{what}: {reason}"))
 
 
