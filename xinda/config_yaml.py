@@ -48,8 +48,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             value = super().construct_object(node, deep)
         except (yaml.YAMLError, RecursionError):
             raise
-        except Exception as err:
-            # KeyError, AttributeError... on scalars that do not convert
+        except Exception as err:  # PyYAML's constructors raise ValueError, KeyError,
+            # AttributeError... on scalars that do not convert
             raise yaml.constructor.ConstructorError(
                 None, None, f"cannot convert {node.value!r}: {type(err).__name__}: {err}",
                 node.start_mark) from err
