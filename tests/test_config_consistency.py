@@ -154,6 +154,18 @@ def test_noam_min_lr_above_its_peak_is_refused_before_any_work(config_file):
         validated(load_config(config_file, overrides), config_file, overrides)
 
 
+def test_noam_min_lr_error_names_the_model_width_overrides_too(config_file):
+    """The peak depends on d_model: before, a --set model.preset that narrowed it went
+    unnamed (found by review)."""
+    overrides = ["train.schedule=noam", "train.lr=1", "train.min_lr=0.05", "train.seed=3",
+                 "model.d_model=64", "model.dropout=0.2", "train.warmup_steps=100"]
+    with pytest.raises(XindaError) as info:
+        validated(load_config(config_file, overrides), config_file, overrides)
+    assert str(info.value).startswith(
+        f"{config_file} with --set train.lr=1 train.min_lr=0.05 model.d_model=64 "
+        "train.warmup_steps=100: train.min_lr 0.05 is above noam's peak rate 0.0125")
+
+
 def test_noam_with_a_peak_rates_lr_warns(config_file, caplog):
     """Before: `--set train.schedule=noam` kept lr 5e-4, which noam reads as a scale: a peak
     of 3.5e-7, silently (found by review)."""

@@ -130,19 +130,21 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
     return tree
 
 
-def config_source(path: object, overrides: list[str], key: str, message: str = "") -> str:
-    """``path`` (a config file, None: defaults) named with the ``--set`` overrides of ``key``,
-    above it or under it, where an error at ``key`` may come from: "base.yaml with --set
-    train.lr=-1". For an error of a whole section, ``message`` narrows them to the fields it
-    names."""
-    def related(item: str) -> bool:
+def config_source(path: object, overrides: list[str], key: str | tuple[str, ...],
+                  message: str = "") -> str:
+    """``path`` (a config file, None: defaults) named with the ``--set`` overrides of ``key``
+    (or of any of several keys), above it or under it, where an error at ``key`` may come
+    from: "base.yaml with --set train.lr=-1". For an error of a whole section, ``message``
+    narrows them to the fields it names."""
+    def related(item: str, key: str) -> bool:
         given = item.split("=", 1)[0].strip()
         if "." not in key and message and given != key and not re.search(
                 rf"\b{re.escape(given.split('.')[-1])}\b", message):  # (the whole section: kept)
             return False
         return bool(key) and (f"{given}.".startswith(f"{key}.")
                               or f"{key}.".startswith(f"{given}."))
-    given = [item for item in overrides if related(item)]
+    keys = (key,) if isinstance(key, str) else key
+    given = [item for item in overrides if any(related(item, key) for key in keys)]
     if not given:
         return "config" if path is None else str(path)
     return f"{'' if path is None else f'{path} with '}--set {' '.join(given)}"

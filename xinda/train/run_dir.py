@@ -43,6 +43,7 @@ from xinda.utils import atomic_write_text
 
 log = logging.getLogger("xinda")
 
+MODEL_WIDTH = ("model.preset", "model.arch", "model.d_model", "model.hidden_dim")
 FIXED_TRAIN = ("seed", "max_tokens", "optimizer")  # (and the batches per update, below)
 
 
@@ -50,14 +51,14 @@ def checked_model(cfg: ExperimentConfig, source: Path | str = "config",
                   overrides: list[str] = ()) -> BaseModel:
     """The model config of ``cfg`` once its model section (a dict that ``load_config`` does
     not check) is valid and the sections agree; errors name ``source`` (and ``overrides``)."""
-    def where(key: str, problem: str = "") -> str:
+    def where(key: str | tuple[str, ...], problem: str = "") -> str:
         return config_source(source, list(overrides), key, problem)
 
     model = resolve(cfg.model, where("model"))
     for unused in model.unused_settings():  # (refusing them would strand saved models)
         log.warning("%s: model: %s: it has no effect", where("model"), unused)
-    if problem := noam_min_lr_problem(cfg.train, model.model_dim):
-        raise XindaError(f"{where('train', problem)}: {problem}")
+    if problem := noam_min_lr_problem(cfg.train, model.model_dim):  # (d_model: any of these)
+        raise XindaError(f"{where(('train', *MODEL_WIDTH), problem)}: {problem}")
     if cfg.train.schedule == "noam" and (peak := noam_peak(cfg.train, model.model_dim)) < 1e-5:
         log.warning("%s: train.lr %g is noam's scale, not its peak: the rate peaks at %.3g "
                     "(the Transformer paper's scale is 1; lr 2 gives %.3g here)",
