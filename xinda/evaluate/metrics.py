@@ -189,9 +189,11 @@ class _Words:
 
 def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -> list[Score]:
     """ROUGE-1/2/L F1 x 100 (Lin 2004), the mean over sentences; with several reference
-    streams, each sentence's F1 is its mean over the references. Tokens: words (``_Words``:
-    rouge-score's lowercased, Porter-stemmed words, in any script); "zh"/"ja-mecab"/"char",
-    or ``tokenize`` None and mostly CJK references (``is_mostly_cjk``): characters."""
+    streams, each sentence's F1 is its mean over the references (ROUGE-1.5.5 averages too,
+    its default -f A; Lin 2004, eq. 2, and rouge-score's score_multi take the best).
+    Tokens: words (``_Words``: rouge-score's lowercased, Porter-stemmed words, in any
+    script); "zh"/"ja-mecab"/"char", or ``tokenize`` None and mostly CJK references
+    (``is_mostly_cjk``): characters."""
     hyps, streams = check_lines(hyps, "hypotheses"), _ref_streams(refs)
     _check_lengths(hyps, streams)
     chars = resolve_tokenizer(tokenize, streams) in ROUGE_CHAR_TOKENIZERS

@@ -64,7 +64,8 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
 
 
 class TokenEmbedding(nn.Module):
-    """Token embedding scaled by sqrt(D), plus sinusoidal positions, then dropout."""
+    """Token embedding scaled by sqrt(D) (Vaswani et al. 2017, sec. 3.4), plus sinusoidal
+    positions, then dropout."""
 
     def __init__(self, vocab_size: int, dim: int, pad_id: int, dropout: float,
                  max_positions: int):
@@ -254,7 +255,8 @@ def skip_probability(index: int, total: int, phi: float) -> float:
 
 class SublayerConnection(nn.Module):
     """Residual connection around a sub-layer with LayerNorm before it (pre-norm,
-    x + F(LN(x))) or after it (post-norm, LN(x + F(x))); dropout on F's output.
+    x + F(LN(x)), Xiong et al. 2020, table 1; textbook ch. 15) or after it (post-norm,
+    LN(x + F(x)), Vaswani et al. 2017, sec. 3.1); dropout on F's output (sec. 5.4).
 
     ``skip_prob`` p > 0 (``skip_probability``) adds layer dropout (textbook ch. 15): in training
     the whole sub-layer is skipped with probability p, x_{l+1} = M * F(LN(x_l)) + x_l with

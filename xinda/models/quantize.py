@@ -1,8 +1,9 @@
 """int8 inference on CPU: every ``nn.Linear`` of a model copy replaced by a dynamic-int8 one.
 
 Weights are quantised once, symmetrically per output row (scale_r = max|W_r| / 127); the
-activations are quantised per call from their own range (dynamic quantisation, Jacob et al.
-2018), the product accumulates in int32 and is rescaled to float32. PyTorch's fbgemm kernels
+activations are quantised per call from their own range (PyTorch's dynamic quantisation; the
+mapping r = S(q - Z) is Jacob et al. 2018, eq. 1, whose activation ranges are fixed in training
+instead), the product accumulates in int32 and is rescaled to float32. PyTorch's fbgemm kernels
 (x86 AVX2 / AVX-512 VNNI) do the matmul. Embeddings, attention and layer norms stay float32.
 """
 

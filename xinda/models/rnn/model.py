@@ -40,7 +40,7 @@ class RNNModel(Seq2SeqModel):
         self.dropout = Dropout(cfg.dropout)
         self.output = nn.Linear(cfg.hidden_dim, vocab.tgt_size)
         nn.init.zeros_(self.output.bias)
-        if cfg.tie_output:
+        if cfg.tie_output:  # one matrix (Press & Wolf 2017)
             self.output.weight = self.tgt_embed.weight
         else:
             nn.init.xavier_uniform_(self.output.weight)

@@ -73,7 +73,7 @@ class DenseConnection(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(points))
 
     def forward(self, x: Tensor, units: Sequence[Unit]) -> Tensor:
-        history = [x]  # z_0 = embedding output
+        history = [x]  # z_0 = embedding output, not normalised (as in Wang et al.'s own code)
         for layer, unit in enumerate(units, 1):
             x = unit(x)
             if layer % self.every:

@@ -218,11 +218,11 @@ class Transformer(Seq2SeqModel):
                                             for i in range(cfg.decoder_layers))
         self.encoder_connection = make_connection(cfg, "encoder", cfg.encoder_layers, 2)
         self.decoder_connection = make_connection(cfg, "decoder", cfg.decoder_layers, 3)
-        final = cfg.norm == "pre"  # pre-norm leaves the residual stream un-normalised
+        final = cfg.norm == "pre"  # pre-norm's stream is un-normalised (Xiong et al. 2020, table 1)
         self.encoder_norm = nn.LayerNorm(d) if final else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if final else nn.Identity()
         self.output = nn.Linear(d, vocab.tgt_size, bias=False)
-        if cfg.tie_output:
+        if cfg.tie_output:  # one matrix (Press & Wolf 2017; Vaswani et al. 2017, sec. 3.4)
             self.output.weight = self.tgt_embed.embed.weight
         else:
             nn.init.normal_(self.output.weight, std=d**-0.5)
