@@ -114,6 +114,15 @@ def test_traditional_prompts_read_as_the_simplified_characters_the_model_writes(
     assert [line[0] for line in poem_lines(poem.text)] == list("东风云鸟")
 
 
+def test_the_repetitions_kept_are_the_first_lines_not_its_simplified_forms(translator):
+    """雲 and 云 are both written 云 (and 風, 风 风): before, the second line repeated where
+    the simplified form does, 云云, not where the given line does (found by review)."""
+    for up in ("云雲風风", "雲云云"):
+        for out in write_couplets(translator, [up], nbest=8, beam=8)[0]:
+            assert out.error is None
+            assert repetition_pattern(out.text) == repetition_pattern(up), (up, out.text)
+
+
 def test_most_couplets_are_written(translator):
     outputs = write_couplets(translator, ["春风一夜江山绿", "心心相印"], nbest=3)
     assert all(nbest and not nbest[0].error for nbest in outputs)

@@ -157,15 +157,16 @@ def write_couplets(translator: Translator, ups: Sequence[str], nbest: int = 1,
     XindaError."""
     _check_characters(translator, "couplet")
     table = CharacterTable.of(translator.tgt_vocab)
-    lines = [as_written(first_line_characters(up), table)
-             for up in check_lines(ups, "first lines")]
+    given = [first_line_characters(up) for up in check_lines(ups, "first lines")]
+    lines = [as_written(line, table) for line in given]
     for i, line in enumerate(lines, start=1):
         if not is_first_line(line):
             raise XindaError(f"first line {i} is empty (or control characters or punctuation "
                              "only): a couplet needs a first line")
         check_source_fits(translator, line, f"first line {i}", options)
         check_output_fits(translator, len(line), f"first line {i}")
-    rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone)
+    rules = CoupletRules(lines, table, translator.tgt_vocab.unk, no_copy=no_copy, tone=tone,
+                         given=given)
     _room_for(rules, len(lines), options)
     _beam_search(translator, options, nbest)
     results = translator.translate(lines, constraints=[rules], nbest=nbest, **options)

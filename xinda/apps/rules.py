@@ -228,17 +228,21 @@ class CoupletRules(CharacterRule):
     elsewhere a Han character that repeats the one at position j exactly where the first line
     repeats position j (``repetition_pattern``) and is new otherwise; optionally never the
     first line's character at the same position (``no_copy``) and, when the first line ends
-    on an oblique tone, a level-tone last character (``tone``, ``tone_position``)."""
+    on an oblique tone, a level-tone last character (``tone``, ``tone_position``).
+    ``given``: the first lines as the user wrote them, when ``ups`` are them as the model
+    reads them (``as_written``: 髮 and 發 both read 发): the repetitions and the tone are
+    theirs."""
 
     def __init__(self, ups: Sequence[str], table: CharacterTable, fill: int,
-                 no_copy: bool = False, tone: bool = False):
+                 no_copy: bool = False, tone: bool = False,
+                 given: Sequence[str] | None = None):
         super().__init__(table, fill)
-        self.ups = list(ups)
-        self.patterns = [repetition_pattern(up) for up in self.ups]
+        self.ups, given = list(ups), list(ups if given is None else given)
+        self.patterns = [repetition_pattern(line) for line in given]
         self.no_copy = no_copy
         level = (ch for ch in self.han if level_oblique(ch) == LEVEL)
         self.level = frozenset(level if tone else ())  # ``tone``
-        self.tone_at = [tone_position(up) if tone else None for up in self.ups]
+        self.tone_at = [tone_position(line) if tone else None for line in given]
 
     def chars(self, sentence: int) -> int:
         return len(self.ups[sentence])
