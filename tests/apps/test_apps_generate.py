@@ -123,6 +123,17 @@ def test_the_repetitions_kept_are_the_first_lines_not_its_simplified_forms(trans
             assert repetition_pattern(out.text) == repetition_pattern(up), (up, out.text)
 
 
+def test_keywords_the_model_cannot_read_are_warned_about(translator, caplog):
+    """Before: 𠀀 became <unk> without a word; the poem was written from 五言 alone (found by
+    review). An acrostic of it is refused (it cannot be written)."""
+    [[poem]] = write_poems(translator, [PoemPrompt(("𠀀春", "𠀁"), 5)])
+    assert poem.error is None
+    assert "prompt 1: keyword characters 𠀀 𠀁 are not in the model's vocabulary" in caplog.text
+    caplog.clear()
+    write_poems(translator, [PoemPrompt(("春风",), 5)])
+    assert "vocabulary" not in caplog.text
+
+
 def test_most_couplets_are_written(translator):
     outputs = write_couplets(translator, ["春风一夜江山绿", "心心相印"], nbest=3)
     assert all(nbest and not nbest[0].error for nbest in outputs)

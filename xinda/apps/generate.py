@@ -214,6 +214,17 @@ def read_prompt(given: PoemPrompt, table: CharacterTable, where: str, rhyme: boo
     return prompt
 
 
+def _warn_unknown_keywords(translator: Translator, prompt: PoemPrompt, where: str) -> None:
+    """A warning for keyword characters the model reads as <unk>: the poem is written
+    without them (an acrostic it cannot write is refused, ``read_prompt``)."""
+    unk = translator.src_vocab.unk
+    unknown = "".join(dict.fromkeys(ch for word in prompt.keywords for ch in word
+                                    if unk in translator.source_ids(ch, False)))
+    if unknown:
+        log.warning("%s: keyword characters %s are not in the model's vocabulary: it reads "
+                    "each as <unk>", where, " ".join(unknown))
+
+
 def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: int = 1,
                 rhyme: bool = False, **options) -> list[list[Output]]:
     """The ``nbest`` best poems of each prompt (``PoemRules``): 4 lines, or one per acrostic
@@ -229,6 +240,7 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
         if not isinstance(given, PoemPrompt):
             raise XindaError(f"prompt {i}: expected a PoemPrompt, got {type(given).__name__}")
         prompt = read_prompt(given, table, f"prompt {i}", rhyme)
+        _warn_unknown_keywords(translator, prompt, f"prompt {i}")
         check_source_fits(translator, prompt.source(), f"prompt {i}: the source", options)
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
         check_output_fits(translator, length, f"prompt {i}")
