@@ -196,6 +196,24 @@ def test_bad_poem_prompts_are_one_line_errors(translator, prompt, message):
         write_poems(translator, [prompt], rhyme="rhyme" in message)
 
 
+def test_an_acrostic_of_two_piece_characters_is_counted_as_two_tokens_each(translator,
+                                                                         monkeypatch):
+    """127 lines of 8 positions fit the 1023 tokens, but not when 春 takes "▁" + "春" at the
+    start of each line; before: "the search found no output that satisfies the
+    constraints" (found by review)."""
+    from dataclasses import replace
+
+    from xinda.apps import generate
+    from xinda.apps.rules import CharacterTable
+
+    real = CharacterTable.of(translator.tgt_vocab)
+    one = {ch: i for ch, i in real.one.items() if ch != "春"}
+    table = replace(real, one=one, by_one={i: ch for ch, i in one.items()})
+    monkeypatch.setattr(generate.CharacterTable, "of", lambda vocab: table)
+    with pytest.raises(XindaError, match="prompt 1: the output takes at least 1143 tokens"):
+        write_poems(translator, [PoemPrompt(("春",), 7, "春" * 127)])
+
+
 def test_a_model_prepared_for_another_task_is_warned_about(translator, caplog, monkeypatch):
     """Before: `xinda couplet` with a translation model printed an empty line and exited 0,
     and `xinda poem` with a couplet model blamed "，" (found by review). Warned, not refused:

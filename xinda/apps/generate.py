@@ -114,11 +114,16 @@ def check_source_fits(translator: Translator, source: str, where: str,
                          f"({named}): give a shorter one")
 
 
-def check_output_fits(translator: Translator, length: int, where: str) -> None:
-    """A XindaError unless the model can write an output of ``length`` characters (a token
-    each at least; before, the search found none and said only that)."""
-    if length > (writes := translator.model.cfg.max_positions - 1):
-        raise XindaError(f"{where}: the output takes at least {length} tokens; the model "
+def check_output_fits(translator: Translator, length: int, where: str, forced: str = ""
+                      ) -> None:
+    """A XindaError unless the model can write an output of ``length`` characters: a token
+    each at least, two for each character of ``forced`` (the output's acrostic and marks)
+    that the vocabulary writes in two pieces (before, the search found none and said only
+    that)."""
+    one = CharacterTable.of(translator.tgt_vocab).one
+    tokens = length + sum(ch not in one for ch in forced)
+    if tokens > (writes := translator.model.cfg.max_positions - 1):
+        raise XindaError(f"{where}: the output takes at least {tokens} tokens; the model "
                          f"writes at most {writes} (its position table)")
 
 
@@ -243,7 +248,8 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
         _warn_unknown_keywords(translator, prompt, f"prompt {i}")
         check_source_fits(translator, prompt.source(), f"prompt {i}: the source", options)
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
-        check_output_fits(translator, length, f"prompt {i}")
+        check_output_fits(translator, length, f"prompt {i}",
+                          prompt.acrostic + "".join(marks.values()))
         layouts.append({pos: table.check(mark, "punctuation mark") for pos, mark in
                         marks.items()})
         lengths.append(length)
