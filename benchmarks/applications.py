@@ -23,7 +23,17 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import ROOT, SHARED, add_study_arguments, markdown_table, timed, write_run_config
+from multi30k import (
+    ROOT,
+    SHARED,
+    add_study_arguments,
+    code_version,
+    markdown_table,
+    prepare_once,
+    same_recipe,
+    timed,
+    write_run_config,
+)
 from text_apps import TEXT_APPS
 from text_apps import evaluate as evaluate_text
 
@@ -65,21 +75,25 @@ def run_config(app: str, workdir: Path, args) -> dict:
     return apply_overrides(cfg, args.overrides)
 
 
-def train(app: str, workdir: Path, args) -> dict:
-    """Corpus, prepare, train (each skipped when its output exists); the training stats."""
-    xinda = [sys.executable, "-m", "xinda.cli"]
+def train(app: str, workdir: Path, args) -> tuple[dict, dict]:
+    """Corpus, prepare, train (each skipped when its output exists: a model trained with
+    another recipe is refused, not reported under this one); the training stats and the
+    run's config."""
     workdir.mkdir(parents=True, exist_ok=True)  # (the corpus log is the first file in it)
     if app not in TEXT_APPS and not (workdir / "raw" / f"train.{APPS[app]['src']}").exists():
         timed([sys.executable, "-m", "xinda.apps", app, str(SHARED), str(workdir / "raw")],
               workdir / "corpus.log")
-    cfg = run_config(app, workdir, args)
+    cfg, stats = run_config(app, workdir, args), workdir / "model" / "train_stats.json"
+    trained_with = workdir / "config.yaml"  # (written below: the config the model had)
+    if stats.exists() and not same_recipe(yaml.safe_load(trained_with.read_text()), cfg):
+        sys.exit(f"{app}: {workdir / 'model'} was trained with another config than "
+                 f"recipes/{app}.yaml now gives: delete {workdir}, or use another --workdir")
+    prepare_once(cfg, workdir, f"{app}: ")
     cfg_path = write_run_config(workdir, cfg)
-    if not (workdir / "data-bin" / "manifest.json").exists():
-        timed([*xinda, "prepare", str(cfg_path)], workdir / "prepare.log")
-    stats = workdir / "model" / "train_stats.json"
     if not stats.exists():
-        timed([*xinda, "train", str(cfg_path)], workdir / "train.log")
-    return json.loads(stats.read_text())
+        timed([sys.executable, "-m", "xinda.cli", "train", str(cfg_path)],
+              workdir / "train.log")
+    return json.loads(stats.read_text()), cfg
 
 
 def scores(hyps: list[str], refs: list[str]) -> dict:
@@ -276,8 +290,9 @@ def main() -> None:
     results = json.loads(saved.read_text()) if saved.exists() else {}
     for app in apps:
         work = args.workdir / app
-        stats = train(app, work, args)
-        results[app] = {"train": stats, "tests": evaluate(app, work, args)}
+        stats, cfg = train(app, work, args)
+        results[app] = {"train": stats, "tests": evaluate(app, work, args), "config": cfg,
+                        "code": code_version()}
         print(json.dumps(results[app], ensure_ascii=False), flush=True)
         saved.write_text(json.dumps(results, indent=1, ensure_ascii=False))
     tables = [markdown({a: r for a, r in results.items() if a not in TEXT_APPS}),

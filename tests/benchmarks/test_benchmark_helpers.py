@@ -514,6 +514,28 @@ def test_applications_skips_each_app_without_its_data_and_refuses_unknown_ones(t
     assert bad.returncode != 0 and "--apps: unknown bogus" in bad.stderr
 
 
+def test_applications_reuses_a_model_only_of_the_same_recipe(tmp_path):
+    """Before: a finished model was reused and scored whatever recipes/{app}.yaml had become,
+    and the result recorded no config (found by review)."""
+    import applications
+    import yaml
+
+    work = tmp_path / "couplet"
+    (work / "raw").mkdir(parents=True)
+    (work / "raw" / "train.up").write_text("春\n", encoding="utf-8")
+    args = SimpleNamespace(threads=1, budget=60, overrides=[])
+    cfg = applications.run_config("couplet", work, args)
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (work / "data-bin").mkdir()
+    (work / "data-bin" / "manifest.json").write_text(json.dumps({"config": cfg["data"]}))
+    (work / "model").mkdir()
+    (work / "model" / "train_stats.json").write_text('{"steps": 7}')
+    assert applications.train("couplet", work, args) == ({"steps": 7}, cfg)
+    with pytest.raises(SystemExit, match="was trained with another config than "
+                                         "recipes/couplet.yaml now gives"):
+        applications.train("couplet", work, SimpleNamespace(**{**vars(args), "budget": 90}))
+
+
 def test_gpu_kit_waits_for_kept_runs_and_collects_no_checkpoints(tmp_path):
     """``kit.sh waitfor`` counts the files its quoted globs match now; ``collect`` leaves out
     the checkpoints' json, which training deletes as it goes (tar failed on one; found by
