@@ -37,6 +37,18 @@ def test_attention_plot_refuses_a_folder_of_someone_else_s_numbered_pngs(trained
     assert (frames / "00050.png").read_bytes() == b"a frame"
 
 
+def test_an_output_inside_the_plot_folder_is_refused(trained, xinda, one_line_error,
+                                                     tmp_path):
+    """Before: -o plots/00000.png was overwritten by plot 0 after the translations were
+    written, and -o plots/00005.png removed as a stale plot; exit code 0 (found by review)."""
+    plots = tmp_path / "plots"
+    for name in ("00000.png", "out.txt"):
+        proc = xinda("translate", trained.model_dir, "--attention-plot", plots, "-o",
+                     plots / name, input="five\n", ok=False)
+        one_line_error(proc, f"-o {plots / name}: is in the --attention-plot folder")
+    assert not plots.exists()
+
+
 def test_coverage_penalty_option_translates_every_line(trained, xinda, tmp_path):
     lines = ["three hundred four", "seventy-one thousand two"]
     src = tmp_path / "in.txt"

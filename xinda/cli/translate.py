@@ -31,6 +31,10 @@ def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | 
     if output is not None and str(output) != "-":
         check_writable(output, make=False)  # (made when written: not by a later refusal)
         _check_not_an_input(output, inputs, model_dirs)
+        if plots is not None and plots.resolve() in output.resolve().parents:
+            raise XindaError(f"-o {output}: is in the --attention-plot folder {plots}, whose "
+                             "numbered PNGs xinda writes and removes; write the translations "
+                             "elsewhere")
     if plots is not None:
         if not (plots / PLOTS_MARK).is_file() and (theirs := sorted(_plots_in(plots))):
             raise XindaError(f"--attention-plot {plots}: holds {theirs[0].name} (the name of a "
