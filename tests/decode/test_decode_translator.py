@@ -140,6 +140,24 @@ def test_unknown_formats_are_refused(translator, options):
         tr.constraints_for(["a"], input_format="piece")
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"ban": "25"}, "ban: expected a list of strings, got str"),  # before: banned 2 and 5
+    ({"exact_length": 2.5}, "exact_length must be a whole number >= 0, got 2.5"),  # read as 2
+    ({"no_repeat_ngram": True}, "no_repeat_ngram must be a whole number >= 0, got True"),
+    ({"no_repeat_ngram": "2"}, "no_repeat_ngram must be a whole number >= 0, got '2'"),
+])
+def test_constraints_for_refuses_what_it_would_misread(translator, options, message):
+    """Found by review: a string of pieces was banned character by character, a float length
+    cut to an int, and other types were tracebacks, some only at translate time."""
+    with pytest.raises(XindaError, match=f"^{message}"):
+        translator(TRANSFORMER).constraints_for(["a"], **options)
+
+
+def test_constraints_must_be_constraint_objects(translator):
+    with pytest.raises(XindaError, match="^constraints: expected Constraint objects .* got str"):
+        translator(TRANSFORMER).translate(["a"], constraints=["x"])  # was an AttributeError
+
+
 def test_sampling_settings_need_sampling(translator):
     """Before: ignored, and the beam search output returned as if sampled."""
     tr = translator(TRANSFORMER)

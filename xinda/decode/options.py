@@ -23,6 +23,9 @@ def check_constraints(constraints: Sequence[Constraint], lines: int) -> list[Con
                          f"{type(constraints).__name__} (write [constraint])")
     constraints = list(constraints)
     for constraint in constraints:
+        if not isinstance(constraint, Constraint):
+            raise XindaError(f"constraints: expected Constraint objects (e.g. from "
+                             f"Translator.constraints_for), got {type(constraint).__name__}")
         if (n := constraint.sentences()) is not None and n != lines:
             raise XindaError(f"a {type(constraint).__name__} constraint built for {n} "
                              f"sentences, given with {lines} lines")

@@ -271,9 +271,10 @@ class Translator:
         check_format("input_format", input_format)
         lines = check_lines(lines)
         prefixes = None if prefixes is None else check_lines(prefixes, "prefixes")
-        if no_repeat_ngram < 0 or (exact_length or 0) < 0:
-            raise XindaError("the n-gram size and exact length must be >= 0, got "
-                             f"{no_repeat_ngram} and {exact_length}")
+        ban = check_lines(ban, "ban")  # (one string: refused, not read character by character)
+        for name, size in (("no_repeat_ngram", no_repeat_ngram), ("exact_length", exact_length)):
+            if size is not None and (type(size) is not int or size < 0):
+                raise XindaError(f"{name} must be a whole number >= 0, got {size!r}")
         out: list[Constraint] = []
         if prefixes is not None:
             if len(prefixes) != len(lines):
