@@ -153,6 +153,19 @@ def test_constraints_for_refuses_what_it_would_misread(translator, options, mess
         translator(TRANSFORMER).constraints_for(["a"], **options)
 
 
+def test_pieces_input_not_in_the_vocabulary_is_warned_about(translator, caplog):
+    """Before: text given as pieces was read as <unk> <unk> ... and translated, silently
+    (found by review)."""
+    tr = translator(TRANSFORMER)
+    tr.translate(["▁a ▁house <unk>", "zzqx ▁a", "zzqy"], input_format="pieces")
+    assert ("2 input pieces are not in the model's vocabulary, read as <unk> (the first: "
+            "'zzqx', line 2)") in caplog.text
+    caplog.clear()
+    tr.translate(["▁a ▁house <unk>"], input_format="pieces")
+    tr.translate(["zzqx"])  # text: its pieces are the model's own
+    assert "vocabulary" not in caplog.text
+
+
 def test_constraints_must_be_constraint_objects(translator):
     with pytest.raises(XindaError, match="^constraints: expected Constraint objects .* got str"):
         translator(TRANSFORMER).translate(["a"], constraints=["x"])  # was an AttributeError

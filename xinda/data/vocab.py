@@ -40,6 +40,7 @@ class Vocab:
         n = self.sp.get_piece_size()
         self.pieces = n  # the sentencepiece model's own pieces (``size`` adds missing specials)
         self.unk = self.sp.unk_id()
+        self.unk_piece = self.sp.id_to_piece(self.unk)  # "<unk>"
         self.bos = self.sp.bos_id() if self.sp.bos_id() >= 0 else self._extra(n, 0)
         self.eos = self.sp.eos_id() if self.sp.eos_id() >= 0 else self._extra(n, 1)
         self.pad = self.sp.pad_id() if self.sp.pad_id() >= 0 else self._extra(n, 2)

@@ -3,12 +3,16 @@ lines, and decode options that would be ignored (the lines: ``xinda.utils.check_
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from xinda.config import DecodeConfig
+from xinda.data.vocab import Vocab
 from xinda.decode.constraints import Constraint
 from xinda.decode.sampling import SamplingConfig
 from xinda.errors import XindaError
+
+log = logging.getLogger("xinda")
 
 FORMATS = ("text", "pieces")  # input_format / output_format
 BEAM_ONLY = DecodeConfig.BEAM_ONLY  # beam-search options, unused when sampling
@@ -30,6 +34,19 @@ def check_constraints(constraints: Sequence[Constraint], lines: int) -> list[Con
             raise XindaError(f"a {type(constraint).__name__} constraint built for {n} "
                              f"sentences, given with {lines} lines")
     return constraints
+
+
+def warn_unknown_pieces(lines: Sequence[str], pieces_in: bool, vocab: Vocab) -> None:
+    """With input given as pieces (``pieces_in``), one warning for the pieces that are not in
+    ``vocab``: the model reads each as <unk> (pieces of another vocabulary, or plain text)."""
+    unknown = [(i, piece) for i, line in enumerate(lines if pieces_in else (), start=1)
+               for piece in line.split()
+               if vocab.sp.piece_to_id(piece) == vocab.unk and piece != vocab.unk_piece]
+    if unknown:
+        (line, first), n = unknown[0], len(unknown)
+        log.warning("%d input piece%s not in the model's vocabulary, read as <unk> (the first: "
+                    "%r, line %d): pieces of another vocabulary, or text given as pieces?", n,
+                    " is" if n == 1 else "s are", first, line)
 
 
 def check_format(name: str, value: str) -> str:

@@ -41,6 +41,7 @@ from xinda.decode.options import (
     check_constraints,
     check_format,
     check_sampling_options,
+    warn_unknown_pieces,
 )
 from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import Hypothesis, beam_search, greedy_search
@@ -143,15 +144,15 @@ class Translator:
         ``options`` override fields of the model's ``DecodeConfig`` (beam, alpha, coverage,
         nbest, max_len_a, max_len_b, batch_size, precision; the sampling ones only with
         sampling on). input/output_format "pieces" reads/writes sentencepiece pieces.
-        ``constraints`` index sentences by their position in ``lines`` (see
-        ``constraints_for``); a line the search finds no output for gets one Translation with
-        ``error`` set. ``sampler`` draws ``sampler.n`` samples per line instead of beam search
-        (ranked by score; reproducible for the same lines, batch size and seed); without it, the
-        model's ``decode.sampling`` settings decide.
-        """
+        ``constraints`` index sentences by their position in ``lines`` (``constraints_for``);
+        a line the search finds no output for gets one Translation with ``error`` set (its
+        text ""). ``sampler`` draws ``sampler.n`` samples per line instead of beam search
+        (ranked by score; reproducible for the same lines, batch size and seed); without it,
+        the model's ``decode.sampling`` settings decide."""
         pieces_in = check_format("input_format", input_format) == "pieces"
         check_format("output_format", output_format)
         lines = check_lines(lines)
+        warn_unknown_pieces(lines, pieces_in, self.src_vocab)
         constraints = check_constraints(constraints, len(lines))
         dec = self.decode_settings(options)
         check_sampling_options(options, dec, sampler)
