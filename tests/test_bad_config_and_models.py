@@ -320,3 +320,18 @@ def test_a_preset_with_arch_and_some_fields_still_resolves():
     """Older model folders saved specs like this one (the fields override the preset's)."""
     spec = {"preset": "transformer-tiny", "arch": "transformer", "dropout": 0.3}
     assert resolve(spec).dropout == 0.3 and resolve(spec).d_model == TINY_FIELDS["d_model"]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: load_config(5), "config: expected a file path, got int"),
+    (lambda: load_config(None, [5]), "overrides: expected KEY=VALUE strings, got 5"),
+    (lambda: __import__("xinda").Translator.load(None), "model_dir: expected a folder, got"),
+])
+def test_python_api_arguments_of_the_wrong_type_are_one_line_errors(call, message):
+    """Before: TypeErrors from deep inside (found by review); XindaError is importable from
+    the package itself."""
+    from xinda import XindaError as exported
+
+    assert exported is XindaError
+    with pytest.raises(XindaError, match=f"^{message}"):
+        call()

@@ -1,7 +1,9 @@
 """xinda (信达): a clear, fast neural machine translation toolkit on PyTorch."""
 
 __version__ = "0.1.0"
-__all__ = ["Translator", "__version__"]
+from xinda.errors import XindaError  # what every user mistake raises, with a one-line message
+
+__all__ = ["Translator", "XindaError", "__version__"]
 
 
 def __getattr__(name: str):

@@ -316,6 +316,8 @@ def format_validation_error(err: ValidationError, where: str, section: str = "")
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
     """Read a YAML experiment config (or start from defaults) and apply ``--set`` overrides."""
     tree: dict = {}
+    if path is not None and not isinstance(path, (str, Path)):
+        raise XindaError(f"config: expected a file path, got {type(path).__name__}")
     if path is not None:
         path = Path(path)
         if path.is_dir():

@@ -119,6 +119,8 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
         raise XindaError(f"overrides: expected a list of KEY=VALUE strings, got one: "
                          f"[{overrides!r}]?")
     for item in overrides:
+        if not isinstance(item, str):
+            raise XindaError(f"overrides: expected KEY=VALUE strings, got {item!r}")
         key, raw = item.split("=", 1) if "=" in item else ("", "")
         if not all(key.strip().split(".")):  # no "=", or "=5", "train.=5", "train..lr=5"
             raise XindaError(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-3")

@@ -6,10 +6,8 @@ detokenised. N lines in always give N lines out: an empty line translates to emp
 per n-best entry or sample), and an over-long line is truncated (with a warning) to what the
 model's position table holds, never dropped. A line for which the search finds no output that
 satisfies the caller's constraints (an empty line too, when they ask for a non-empty output)
-gets one Translation with ``text=""`` and ``error`` set. The search does not look ahead: when
-every beam has run into a dead end, an output that satisfies them may still exist (a wider beam
-can find it).
-"""
+gets one Translation with ``text=""`` and ``error`` set (the search does not look ahead: a
+wider beam may find one)."""
 
 from __future__ import annotations
 
@@ -93,7 +91,10 @@ class Translator:
              device: str = "cpu", ensemble: Sequence[str | Path] = ()) -> Translator:
         """Load a trained model directory (config, vocabularies and weights); with
         ``ensemble`` (more model directories, same vocabularies) the models decode together
-        (``xinda.decode.ensemble``), with the first one's config and text pipelines."""
+        (``xinda.decode.ensemble``), with the first one's config and text pipelines;
+        ``checkpoint`` replaces the first one's weights only."""
+        if not isinstance(model_dir, (str, Path)):
+            raise XindaError(f"model_dir: expected a folder, got {type(model_dir).__name__}")
         if isinstance(ensemble, (str, Path)):
             raise XindaError(f"ensemble={str(ensemble)!r}: give a list of model directories")
         check_device(str(device), "device")
@@ -225,8 +226,7 @@ class Translator:
     def _decode_batch(self, batch: list[list[int]], dec: DecodeConfig,
                       search: Callable[[torch.Tensor, Seq2SeqModel], list[list[Hypothesis]]]
                       ) -> list[list[Hypothesis]]:
-        width = max(len(s) for s in batch)
-        src = torch.full((len(batch), width), self.src_vocab.pad, dtype=torch.long)
+        src = torch.full((len(batch), max(map(len, batch))), self.src_vocab.pad, dtype=torch.long)
         for row, ids in enumerate(batch):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(self.device)
