@@ -12,7 +12,7 @@ from sacrebleu.significance import PairedTest
 
 from xinda.errors import XindaError
 from xinda.evaluate import significance
-from xinda.evaluate.metrics import corpus_scores
+from xinda.evaluate.metrics import corpus_scores, rouge_scores
 from xinda.evaluate.significance import paired_tests
 
 WORDS = ["a", "the", "cat", "dog", "man", "woman", "sits", "runs", "on", "in", "park", "street",
@@ -162,3 +162,24 @@ def test_the_two_level_interval_holds_the_runs_spread_and_the_test_sets():
     # iterators read once (before a review: used up by the checks, then a numpy error)
     assert significance.two_level_interval(((iter(a), iter(b)) for a, b in runs), [refs],
                                            samples=300) == (low, high)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: corpus_scores(["a"], ["a"], None), "metrics: expected names such as"),
+    (lambda: corpus_scores(["a"], None), "references: expected a list of strings .* NoneType"),
+    (lambda: corpus_scores(["a"], 5), "references: expected a list of strings .* got int"),
+    (lambda: rouge_scores(["a"], ["a"], "zzz"), "unknown BLEU tokenizer 'zzz'"),  # was: words
+    (lambda: paired_tests(["a"], ["a"], ["a"], None), "metrics: expected names"),
+    (lambda: paired_tests(["a"], ["a"], ["a"], trials=10.5), "whole numbers of trials"),
+    (lambda: paired_tests(["a"], ["a"], ["a"], samples="10"), "whole numbers of trials"),
+])
+def test_scoring_arguments_of_the_wrong_type_are_one_line_errors(call, message):
+    """Before: TypeErrors, and an unknown ROUGE tokenizer fell back to words silently (found
+    by review)."""
+    with pytest.raises(XindaError, match=message):
+        call()
+
+
+def test_metrics_may_be_any_iterable_of_names():
+    scores = corpus_scores(["a b c d"], ["a b c d"], (m for m in ["bleu", "chrf"]))
+    assert [s.score for s in scores] == pytest.approx([100, 100])

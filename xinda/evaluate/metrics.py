@@ -42,12 +42,23 @@ class Score:
 
 def _ref_streams(refs: Refs) -> list[list[str]]:
     """Normalise one reference stream or several into a list of streams."""
-    if isinstance(refs, str):
-        raise XindaError("references: expected a list of strings (or of streams), got str")
+    if isinstance(refs, str) or not hasattr(refs, "__iter__"):
+        raise XindaError(f"references: expected a list of strings (or of streams), got "
+                         f"{type(refs).__name__}")
     refs = list(refs)  # (an iterator read once by the check below lost its first stream)
     if all(isinstance(r, str) for r in refs):
         return [check_lines(refs, "references")]
     return [check_lines(stream, f"reference stream {i}") for i, stream in enumerate(refs, 1)]
+
+
+def metric_names(metrics: str | Sequence[str]) -> list[str]:
+    """``metrics`` as a list of names: "bleu,chrf" (as on the command line, spaces allowed)
+    or a list of them; anything else is a XindaError."""
+    names = metrics.split(",") if isinstance(metrics, str) else \
+        list(metrics) if hasattr(metrics, "__iter__") else [metrics]
+    if not all(isinstance(name, str) for name in names):
+        raise XindaError(f"metrics: expected names such as ['bleu', 'chrf'], got {metrics!r}")
+    return [name.strip() for name in names]
 
 
 def _stream_names(n: int) -> list[str]:
@@ -136,9 +147,7 @@ def corpus_scores(
     tokenize = resolve_tokenizer(tokenize, streams)
     if tokenize is not None:
         _make_bleu(tokenize)  # refused before any score, as with BLEU among the metrics
-    if isinstance(metrics, str):  # "bleu,chrf", as on the command line
-        metrics = metrics.split(",")
-    metrics = [name.strip() for name in metrics]  # "bleu, chrf"
+    metrics = metric_names(metrics)
     unknown = [name for name in metrics if name.lower() not in METRICS]
     if unknown:
         raise XindaError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
@@ -196,7 +205,9 @@ def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -
     (``is_mostly_cjk``): characters."""
     hyps, streams = check_lines(hyps, "hypotheses"), _ref_streams(refs)
     _check_lengths(hyps, streams)
-    chars = resolve_tokenizer(tokenize, streams) in ROUGE_CHAR_TOKENIZERS
+    if (tokenize := resolve_tokenizer(tokenize, streams)) is not None:
+        _make_bleu(tokenize)  # (an unknown name: refused, as corpus_scores refuses it)
+    chars = tokenize in ROUGE_CHAR_TOKENIZERS
     # imported here: rouge-score loads nltk, which training, translating and BLEU do not need
     from rouge_score import rouge_scorer
 

@@ -37,6 +37,7 @@ from xinda.evaluate.metrics import (
     _make_metric,
     _ref_streams,
     check_lines,
+    metric_names,
     resolve_tokenizer,
 )
 
@@ -87,11 +88,10 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
     if len(baseline) != len(system):
         raise XindaError(f"baseline has {len(baseline)} lines but hypotheses have "
                          f"{len(system)}")
-    if trials < 1 or samples < 1:
-        raise XindaError("paired tests need at least one trial and one resample")
-    if isinstance(metrics, str):  # "bleu,chrf", as on the command line
-        metrics = metrics.split(",")
-    metrics = [name.strip() for name in metrics]
+    if any(type(n) is not int or n < 1 for n in (trials, samples)):
+        raise XindaError(f"paired tests need whole numbers of trials and resamples >= 1, got "
+                         f"{trials!r} and {samples!r}")
+    metrics = metric_names(metrics)
     unknown = [m for m in metrics if m.lower() not in PAIRED_METRICS]
     if unknown:
         raise XindaError(f"no paired test for {unknown[0]!r}; choose from "
