@@ -205,8 +205,9 @@ def rouge_scores(hyps: Sequence[str], refs: Refs, tokenize: str | None = None) -
     (``is_mostly_cjk``): characters."""
     hyps, streams = check_lines(hyps, "hypotheses"), _ref_streams(refs)
     _check_lengths(hyps, streams)
-    if (tokenize := resolve_tokenizer(tokenize, streams)) is not None:
-        _make_bleu(tokenize)  # (an unknown name: refused, as corpus_scores refuses it)
+    tokenize = resolve_tokenizer(tokenize, streams)
+    if tokenize is not None and tokenize not in BLEU.TOKENIZERS:  # (before: read as words)
+        raise XindaError(f"unknown tokenizer {tokenize!r}; e.g. 13a, intl, zh, char, none")
     chars = tokenize in ROUGE_CHAR_TOKENIZERS
     # imported here: rouge-score loads nltk, which training, translating and BLEU do not need
     from rouge_score import rouge_scorer

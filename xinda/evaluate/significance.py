@@ -89,8 +89,8 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
         raise XindaError(f"baseline has {len(baseline)} lines but hypotheses have "
                          f"{len(system)}")
     if any(type(n) is not int or n < 1 for n in (trials, samples)):
-        raise XindaError(f"paired tests need whole numbers of trials and resamples >= 1, got "
-                         f"{trials!r} and {samples!r}")
+        raise XindaError(f"paired tests need at least one trial and one resample (whole "
+                         f"numbers), got {trials!r} and {samples!r}")
     metrics = metric_names(metrics)
     unknown = [m for m in metrics if m.lower() not in PAIRED_METRICS]
     if unknown:
