@@ -57,3 +57,14 @@ def test_the_sources_of_by_length_can_come_from_stdin_once(xinda, one_line_error
     one_line_error(proc, "--baseline and --source cannot both be read from stdin")
     proc = xinda("evaluate", hyp, ref, "--by-length", "--source", "-", input="a\n", ok=False)
     one_line_error(proc, f"<stdin> has 1 lines but {hyp} has 2")
+
+
+def test_a_reference_can_come_from_stdin_once(xinda, one_line_error, tmp_path):
+    """Before: ``xinda evaluate hyp.txt -`` said "-: file not found" (found by review)."""
+    hyp = write(tmp_path / "hyp.txt", ["a b c d", "e f g h"])
+    out = xinda("evaluate", hyp, "-", "--metrics", "chrf", input="a b c d\ne f g h\n").stdout
+    assert out.startswith("chrF2 = 100.00")
+    proc = xinda("evaluate", "-", "-", input="a\nb\n", ok=False)
+    one_line_error(proc, "the hypotheses and references: stdin (-) gives one of them at most")
+    proc = xinda("evaluate", hyp, "-", "--baseline", "-", input="a\nb\n", ok=False)
+    one_line_error(proc, "--baseline and REFERENCES cannot both be read from stdin")

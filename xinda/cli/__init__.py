@@ -124,7 +124,8 @@ def train(config: Path, set_: SetOpt = None,
 @command
 def evaluate(
     hypotheses: Annotated[Path, typer.Argument(help="hypotheses file, - for stdin")],
-    references: Annotated[list[Path], typer.Argument(help="one or more reference files")],
+    references: Annotated[list[Path], typer.Argument(
+        help="one or more reference files (- for stdin, when the hypotheses are a file)")],
     source: Annotated[Path | None, typer.Option(help="source file, for --by-length")] = None,
     by_length: Annotated[bool, typer.Option(help="BLEU per source-length bucket")] = False,
     tokenize: Annotated[str | None, typer.Option(
@@ -160,7 +161,8 @@ def evaluate(
     hyps, refs = read_hyps_refs(hypotheses, references)
     if by_length and source is None:
         raise XindaError("--by-length needs --source (lengths are source lengths)")
-    read = {"HYPOTHESES": hypotheses}
+    read = {"HYPOTHESES": hypotheses, "REFERENCES": next(
+        (ref for ref in references if input_name(ref) == "<stdin>"), None)}
     sources = _lines_beside(source, "--source", len(hyps), read) if by_length else None
     read["--source"] = source
     base = _lines_beside(baseline, "--baseline", len(hyps), read) if baseline else None

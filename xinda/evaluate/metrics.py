@@ -19,7 +19,7 @@ from sacrebleu.metrics.base import Metric
 
 from xinda.errors import XindaError
 from xinda.evaluate.long_lines import warn_long_lines
-from xinda.utils import check_lines, input_name, read_input, read_lines
+from xinda.utils import check_lines, input_name, read_input
 
 Refs = Sequence[str] | Sequence[Sequence[str]]
 LengthUnit = Literal["auto", "words", "chars"]
@@ -368,13 +368,18 @@ def format_length_table(rows: Sequence[dict]) -> str:
 def read_hyps_refs(hyp_path: str | Path, ref_paths: Sequence[str | Path]
                    ) -> tuple[list[str], list[list[str]]]:
     """Read a hypothesis file once and one or more reference files (plain or .gz; "-" or a
-    pipe such as /dev/stdin for the hypotheses); every line count must match."""
+    pipe such as /dev/stdin for one of them); every line count must match."""
+    if isinstance(ref_paths, (str, Path)):
+        raise XindaError(f"reference files: expected a list of paths, got one: [{ref_paths!r}]")
+    names = [input_name(hyp_path), *map(input_name, ref_paths)]
+    if names.count("<stdin>") > 1:
+        raise XindaError("the hypotheses and references: stdin (-) gives one of them at most")
     hyps, hyp_path = read_input(hyp_path), input_name(hyp_path)
     if not hyps:
         raise XindaError(f"{hyp_path}: no hypotheses to score (empty file)")
     streams = []
     for ref_path in ref_paths:
-        refs = list(read_lines(ref_path))
+        refs = read_input(ref_path)
         if len(hyps) != len(refs):
             raise XindaError(
                 f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}; "
