@@ -263,6 +263,19 @@ def test_translate_writes_its_output_before_the_attention_plots(trained, xinda, 
     assert len(list((tmp_path / "plots").glob("*.png"))) == 2
 
 
+def test_translate_compresses_an_output_named_gz(trained, xinda, tmp_path):
+    """Before: -o out.gz was plain text, which evaluate then refused as "not a gzip file"
+    (found by review); inputs named .gz are read decompressed."""
+    import gzip
+
+    xinda("translate", trained.model_dir, "-o", tmp_path / "out.GZ", input="five\nsix\n")
+    lines = gzip.decompress((tmp_path / "out.GZ").read_bytes()).decode().splitlines()
+    assert len(lines) == 2
+    (tmp_path / "ref.txt").write_text("".join(f"{line}\n" for line in lines))
+    out = xinda("evaluate", tmp_path / "out.GZ", tmp_path / "ref.txt", "--metrics", "chrf")
+    assert out.stdout.startswith("chrF2 = 100.00")
+
+
 def test_a_refused_translate_makes_no_folders(trained, xinda, one_line_error, tmp_path):
     """Before: -o new/sub/out.txt and --attention-plot made their folders before the model or
     the options were checked, and a refusal left them behind (found by review)."""

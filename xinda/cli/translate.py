@@ -63,13 +63,19 @@ def _check_not_an_input(output: Path, inputs: list[Path | None], model_dirs: lis
 
 
 def _write_output(path: Path | None, lines: list[str]) -> None:
-    from xinda.utils import atomic_write_text, write_stdout
+    """The lines to ``path`` (stdout for None or "-"), gzip-compressed when it is named .gz,
+    as the inputs are read."""
+    import gzip
+
+    from xinda.utils import atomic_save, write_stdout
 
     text = "".join(line + "\n" for line in lines)
     if path is None or str(path) == "-":
-        write_stdout(text)
-    else:
-        atomic_write_text(path, text)
+        return write_stdout(text)
+    data = text.encode("utf-8")
+    if path.suffix.lower() == ".gz":
+        data = gzip.compress(data, mtime=0)
+    atomic_save(path, lambda tmp: tmp.write_bytes(data))
 
 
 def translate(
