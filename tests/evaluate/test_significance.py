@@ -172,6 +172,10 @@ def test_the_two_level_interval_holds_the_runs_spread_and_the_test_sets():
     (lambda: paired_tests(["a"], ["a"], ["a"], None), "metrics: expected names"),
     (lambda: paired_tests(["a"], ["a"], ["a"], trials=10.5), "whole numbers.* 10.5 and 1000"),
     (lambda: paired_tests(["a"], ["a"], ["a"], samples="10"), "whole numbers.* and '10'"),
+    (lambda: significance.two_level_interval([(["a"], ["a"], ["a"])], ["a"]),
+     r"runs: expected \(baseline, system\) pairs"),  # was: too many values to unpack
+    (lambda: significance.two_level_interval([(["a"], ["a"])], ["a"], samples=2.5),
+     "samples=2.5"),
 ])
 def test_scoring_arguments_of_the_wrong_type_are_one_line_errors(call, message):
     """Before: TypeErrors, and an unknown ROUGE tokenizer fell back to words silently (found

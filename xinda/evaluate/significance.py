@@ -183,10 +183,14 @@ def two_level_interval(runs: Sequence[tuple[Sequence[str], Sequence[str]]], refs
     sentences (one draw shared by the runs drawn). It holds the seed-to-seed variance that a
     per-run test leaves out and the test-set variance that a t-test over seeds on one test
     set leaves out (the optimizer instability of Clark et al. 2011)."""
+    runs = list(runs)
+    if any(isinstance(run, str) or len(run) != 2 for run in runs):
+        raise XindaError("runs: expected (baseline, system) pairs of translations, one per run")
     runs = [(check_lines(base, "baseline"), check_lines(sys_, "hypotheses"))
             for base, sys_ in runs]
-    if not runs or samples < 1:
-        raise XindaError("a two-level interval needs a pair of runs and a resample at least")
+    if not runs or type(samples) is not int or samples < 1:
+        raise XindaError("a two-level interval needs a pair of runs and a resample at least "
+                         f"(a whole number), got {len(runs)} runs and samples={samples!r}")
     streams = _ref_streams(refs)
     for run in runs:
         for hyps in run:
