@@ -526,7 +526,7 @@ def paired_with_baseline(by_seed: dict, baseline: dict) -> dict:
                              for s in same) if same else None
     delta = statistics.fmean(by_seed[s]["bleu"] - baseline[s]["bleu"] for s in seeds)
     return {"seeds": seeds, "bleu_difference": round(delta, 2),
-            "speed_ratio": None if ratio is None else round(ratio, 3)}
+            "speed_ratio": None if ratio is None else round(ratio, 3), "speed_seeds": same}
 
 
 def seed_delta(runs: dict, systems: tuple[str, str], seed: int) -> float | None:
@@ -680,9 +680,9 @@ def vs_baseline_cells(r: dict) -> list[str]:
     if not paired or not paired["seeds"]:
         return ["–", "–"]
     seeds = ", ".join(map(str, paired["seeds"]))
-    ratio = paired["speed_ratio"]
+    ratio, speed_seeds = paired["speed_ratio"], paired.get("speed_seeds", paired["seeds"])
     return [f"{paired['bleu_difference']:+.2f} (seeds {seeds})",
-            "–" if ratio is None else f"{ratio:.2f}×"]
+            "–" if ratio is None else f"{ratio:.2f}× (seeds {', '.join(map(str, speed_seeds))})"]
 
 
 def markdown(pair: str, rows: list[dict], args: argparse.Namespace,

@@ -373,19 +373,21 @@ def test_fusion_study_speeds_are_averaged_and_compared_only_within_a_setting(tmp
 
     runs = {"baseline": {1: run(2, 4616.0),
                          2: run(1, 9.0, runs_at_once=2, tok_per_s_median_window=2430.0)},
-            "layer": {1: run(2, 4451.0, bleu=29.5)}}
+            "layer": {1: run(2, 4451.0, bleu=29.5), 2: run(2, 4000.0, bleu=29.5)}}
     base, layer = fusion_study.summarise("de-en", tmp_path, runs)
     assert base["tok_per_s_by_setting"] == {"2 × 1, total": 4616, "1 × 2, median window": 2430}
-    assert layer["vs_baseline"] == {"seeds": [1], "bleu_difference": -0.5,
-                                    "speed_ratio": round(4451 / 4616, 3)}
+    # the BLEU difference pairs both seeds, the speed ratio seed 1 only (seed 2's settings
+    # differ), and says so (before: "seeds 1, 2" stood beside a ratio of seed 1 alone)
+    assert layer["vs_baseline"] == {"seeds": [1, 2], "bleu_difference": -0.5,
+                                    "speed_ratio": round(4451 / 4616, 3), "speed_seeds": [1]}
     args = SimpleNamespace(size="small", updates=10, gate="elementwise", seeds="1,2",
                            overrides=[])
     table = fusion_study.markdown("de-en", [base, layer], args)
     assert "--set" not in table
     assert "| valid loss change, last fifth | mean gate g (cos) |" in table
-    assert "| -1.00% | – |" in table  # no fusion run measured its gates
+    assert "| -1.00% / -1.00% | – |" in table  # no fusion run measured its gates
     assert "| 4616 (2 × 1, total) / 2430 (1 × 2, median window) |" in table
-    assert "| -0.50 (seeds 1) |" in table and "| 0.96× |" in table
+    assert "| -0.50 (seeds 1, 2) | 0.96× (seeds 1) |" in table
     other = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(**{**vars(args),
                                                                          "updates": 20}))
     assert "WARNING: some runs trained [10] updates" in other
