@@ -387,7 +387,7 @@ def test_fusion_study_speeds_are_averaged_and_compared_only_within_a_setting(tmp
     assert "| valid loss change, last fifth | mean gate g (cos) |" in table
     assert "| -1.00% / -1.00% | – |" in table  # no fusion run measured its gates
     assert "| 4616 (2 × 1, total) / 2430 (1 × 2, median window) |" in table
-    assert "| -0.50 (seeds 1, 2) | 0.96× (seeds 1) |" in table
+    assert "| -0.50 (seeds 1, 2) |" in table and "| 0.96× (seeds 1) |" in table
     other = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(**{**vars(args),
                                                                          "updates": 20}))
     assert "WARNING: some runs trained [10] updates" in other
