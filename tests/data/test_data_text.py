@@ -42,6 +42,9 @@ from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
         # before: "http: / / www.enron.com/x.html", "„Open“ -Schild"
         ("en", "See http://www.enron.com/x.html or (https://a.b/c?d=e&f=g)."),
         ("de", "Vor einem „Open“-Schild steht ein \"Stop\"-Schild."),
+        # before: "Ọ ̀ rẹ ́", "ą ̃", "❤ ️", "👍 🏽", "👨 \u200d 👩", "🇩 🇪", "1 ️ ⃣" (found by review)
+        ("en", "Ọ̀rẹ́ mi dé, ą̃ and x\u0303\u0301 stay whole."),
+        ("en", "I ❤️ NY 👍🏽 with 👨\u200d👩\u200d👧, 🇩🇪 🇫🇷 and 🇩🇪🇫🇷; press 1️⃣ or #️⃣!"),
     ],
 )
 def test_moses_round_trip(lang, line):

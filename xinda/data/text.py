@@ -60,6 +60,17 @@ _MOSES_KEEP_SIGNS = r"(?<!\w)[#@]\w+|(?<!\w)\w+(?:\+\+|#)(?![\w+#])"
 # and a quoted word in a compound: „Open“-Schild (came back as "„Open“ -Schild").
 _MOSES_KEEP_URLS = r"(?<![\w/])(?:https?|ftp)://[!-~]*[a-z0-9/_=#&%~+-]"
 _MOSES_KEEP_QUOTED = r"(?<!\w)[„\"“‚‘][^\W\d_]+[“”\"‘’]-\w+"
+# Characters of several code points, which sacremoses cut at each mark, never to be rejoined:
+# a letter with combining marks NFC cannot compose ("Ọ̀rẹ́" came back as "Ọ ̀ rẹ ́"), keycaps,
+# emoji with a variation selector or skin tone, ZWJ sequences (👨‍👩‍👧) and flags (🇩🇪).
+_COMBINING = ("\u0300-\u036f\u0483-\u0489\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff"
+              "\ufe20-\ufe2f\ufe0e\ufe0f")
+_EMOJI = "\u2600-\u27bf\U0001f000-\U0001faff"
+_EMOJI_MODS = "\ufe0e\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f"
+_MOSES_KEEP_CLUSTERS = (
+    f"(?<![\\w{_COMBINING}])[#*]?\\w*(?:[{_COMBINING}]+\\w*)+|"
+    f"[{_EMOJI}][{_EMOJI_MODS}]*(?:\u200d[{_EMOJI}][{_EMOJI_MODS}]*)+|"
+    f"[{_EMOJI}][{_EMOJI_MODS}]+|[\U0001f1e6-\U0001f1ff]{{2}}")
 # The patterns' leading runs are anchored by look-behinds: a match from inside a run would end
 # where one from its start ends, and without the anchor the search retried from every
 # character of the run, quadratic in its length (16,000 letters took 20 s).
@@ -87,7 +98,7 @@ def _moses_tokenizer(lang: str):
 
 @cache
 def _moses_protected(lang: str) -> tuple[str, ...]:
-    first = (_MOSES_KEEP_URLS, _MOSES_KEEP_QUOTED, _MOSES_KEEP_TIMES)
+    first = (_MOSES_KEEP_URLS, _MOSES_KEEP_QUOTED, _MOSES_KEEP_TIMES, _MOSES_KEEP_CLUSTERS)
     if lang in _MOSES_APOSTROPHE_LANGS:
         return (*first, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD, _MOSES_KEEP_SIGNS)
     return (*first, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD,
