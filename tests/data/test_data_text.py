@@ -258,7 +258,9 @@ def test_nfc_and_english_targets_are_left_as_they_are():
 
 
 @pytest.mark.parametrize("line", ["我听Björk最新的歌曲。", "他去München了", "他说Привет мир。",
-                                  "Ωmega很好", "Björk-Song好"])
+                                  "Ωmega很好", "Björk-Song好",
+                                  # before: "Ti ế ng Vi ệ t", "Ọ̀r ẹ́mi" (found by review)
+                                  "越南语叫Tiếng Việt，他去了Hà Nội。", "她说Ọ̀rẹ́ mi好"])
 def test_jieba_keeps_words_with_letters_outside_ascii_whole(line):
     """Found by review: jieba split them into letters ("Bj ö rk", "П р и в е т"), which came
     back spaced."""

@@ -33,8 +33,9 @@ _IN_WORD_QUOTES = "'’"  # apostrophes between letters
 # that detokenising need not guess whether a space was there: "www.google.com", "a_b@c.com",
 # "10:30", "1,000", "3.5", "don't", "R&D", "and/or", "e-mail" (not "ok. then", "1, 2"), and
 # words with letters outside ASCII, "Björk", "Привет" (jieba split them off: "Bj ö rk").
-_LATIN = "0-9A-Za-z_\u00c0-\u024f\u0370-\u04ff"  # ASCII, Latin-1 and Extended, Greek, Cyrillic
-_ACCENTED = "\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0370-\u04ff"  # _LATIN less ASCII, × ÷
+# ASCII, Latin-1 and Extended (also Additional: Vietnamese), combining marks, Greek, Cyrillic
+_LATIN = "0-9A-Za-z_\u00c0-\u024f\u0300-\u04ff\u1e00-\u1eff"
+_ACCENTED = "\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0300-\u04ff\u1e00-\u1eff"  # less ASCII, × ÷
 _JIEBA_KEEP = re.compile(f"(?<![{_LATIN}/])(?:https?|ftp)://[!-~]*[A-Za-z0-9/_=#&%~+-]|"
                          f"(?<![{_LATIN}])[{_LATIN}]+(?:[.,:@&/'’-][{_LATIN}]+)+|"  # and URLs
                          f"(?<![{_LATIN}])[{_LATIN}]*[{_ACCENTED}][{_LATIN}]*")
@@ -190,8 +191,8 @@ def _is_wide(char: str) -> bool:
 
 
 def _is_letter(char: str) -> bool:
-    """A letter or digit of a script written with spaces (not CJK)."""
-    return char.isalnum() and not _is_wide(char)
+    """A letter, digit or combining mark of a script written with spaces (not CJK)."""
+    return (char.isalnum() or unicodedata.category(char)[0] == "M") and not _is_wide(char)
 
 
 def jieba_tokenize(line: str) -> str:
@@ -241,8 +242,8 @@ def _needs_space(before: str, left: str, right: str,
     if roles[1] == "open" and roles[0] == "close":  # two quotations: spaced in Latin text
         return not (_is_wide(before) or _is_wide(after))  # ("“吗?” “不”" came back)
     if roles[1] == "open":  # not after Chinese punctuation (NFKC: "：" to ":")
-        return a.isalnum() or (a in _CLOSING and not _is_wide(before))
-    if roles[0] == "close" or a.isalnum() or a in _CLOSING:
+        return _is_letter(a) or (a in _CLOSING and not _is_wide(before))
+    if roles[0] == "close" or _is_letter(a) or a in _CLOSING:
         return b.isalnum() or b in _OPENING
     return False
 
