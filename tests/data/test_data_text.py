@@ -278,3 +278,17 @@ def test_moses_output_of_cjk_gets_no_spaces_around_full_width_marks(lang):
     pipe = TextPipeline("NFKC", False, "moses", lang)
     for line in ["元気ですか？", "我喜欢Python，它很好。", "彼は（たぶん）来る"]:
         assert pipe.postprocess(pipe.preprocess(line)) == line
+
+
+@pytest.mark.parametrize("pretok", ["none", "moses", "jieba", "char"])
+def test_an_english_line_keeps_the_ascii_marks_around_a_chinese_name(pretok):
+    """Before: NFKC's restore made "(李白) wrote:" full-width in English output too, and moses
+    then dropped the spaces around it (found by review). Chinese sides and lines mostly of Han
+    (the couplet recipe's "up"/"down") still get theirs back."""
+    line = "The poet Li Bai (李白) wrote: 床前明月光."
+    en = TextPipeline("NFKC", False, pretok, "en")
+    assert en.postprocess(en.preprocess(line)).replace("wrote:床", "wrote: 床") == line
+    down = TextPipeline("NFKC", False, pretok, "down")
+    assert down.postprocess(down.preprocess("春风（又）绿：江南")) == "春风（又）绿：江南"
+    zh = TextPipeline("NFKC", False, pretok, "zh")
+    assert "说：" in zh.postprocess(zh.preprocess("他说：I am Li Bai and this is a long test"))

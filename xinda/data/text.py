@@ -298,6 +298,14 @@ def restore_wide_punctuation(text: str) -> str:
     return _HALF_PAIRED.sub(lambda m: f"（{m[1] or m[2]}）", text)
 
 
+WIDE_PUNCTUATION_LANGS = ("zh", "ja", "lzh", "yue", "cmn", "wuu")  # write "，：（）" full-width
+
+
+def _mostly_han_kana(text: str) -> bool:
+    """Whether at least half of ``text``'s letters are Han or kana."""
+    return 2 * len(_HAN_KANA.findall(text)) >= sum(c.isalpha() for c in text) > 0
+
+
 @dataclass(frozen=True)
 class TextPipeline:
     """Normalise + pre-tokenise one language side; ``postprocess`` detokenises output."""
@@ -345,14 +353,22 @@ class TextPipeline:
 
     def postprocess(self, text: str) -> str:
         """Decoded (pre-tokenised) model output -> plain text (with NFKC, its CJK punctuation
-        full-width again: ``restore_wide_punctuation``)."""
-        if self.normalize != "NFKC":
+        full-width again where ``restores_wide_punctuation``)."""
+        if not self.restores_wide_punctuation(text):
             return self._detokenize(text)
         if self.pretok == "jieba":  # before detokenising too: jieba's spaces ASCII punctuation
             text = restore_wide_punctuation(text)
         text = restore_wide_punctuation(self._detokenize(text))  # (char's ␣ hid neighbours)
         # Moses spaces the marks as words (it knows ASCII ones only); CJK writes none there
         return _SPACED_WIDE.sub(r"\1", text) if self.pretok == "moses" else text
+
+    def restores_wide_punctuation(self, text: str) -> bool:
+        """Whether ``postprocess`` puts NFKC's ASCII marks back full-width in ``text``
+        (``restore_wide_punctuation``): in Chinese and Japanese sides, and in lines mostly
+        of Han or kana (the couplet recipe's "up"/"down"); an English line keeps the ASCII
+        "(李白):" of a Chinese name."""
+        return self.normalize == "NFKC" and (
+            self.lang.lower().split("-")[0] in WIDE_PUNCTUATION_LANGS or _mostly_han_kana(text))
 
     def _detokenize(self, text: str) -> str:
         if self.pretok == "moses":
