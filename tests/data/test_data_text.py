@@ -44,6 +44,8 @@ from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
         ("de", "Vor einem „Open“-Schild steht ein \"Stop\"-Schild."),
         # before: "Ọ ̀ rẹ ́", "ą ̃", "❤ ️", "👍 🏽", "👨 \u200d 👩", "🇩 🇪", "1 ️ ⃣" (found by review)
         ("en", "Ọ̀rẹ́ mi dé, ą̃ and x\u0303\u0301 stay whole."),
+        # before: "& amp;", "Jackson& apos; s" (IWSLT's text holds entities; found by review)
+        ("en", "Tom &amp; Jerry said &quot;hi&quot;; it&apos;s Jackson&apos;s &#39;x&#39;."),
         ("en", "I ❤️ NY 👍🏽 with 👨\u200d👩\u200d👧, 🇩🇪 🇫🇷 and 🇩🇪🇫🇷; press 1️⃣ or #️⃣!"),
     ],
 )

@@ -72,6 +72,8 @@ _MOSES_KEEP_CLUSTERS = (
     f"(?<![\\w{_COMBINING}])[#*]?\\w*(?:[{_COMBINING}]+\\w*)+|"
     f"[{_EMOJI}][{_EMOJI_MODS}]*(?:\u200d[{_EMOJI}][{_EMOJI_MODS}]*)+|"
     f"[{_EMOJI}][{_EMOJI_MODS}]+|[\U0001f1e6-\U0001f1ff]{{2}}")
+# HTML entities, as IWSLT's and Multi30k's texts hold them ("&amp;" came back as "& amp;")
+_MOSES_KEEP_ENTITIES = r"(?<!\w)\w*(?:&(?:#x?[0-9a-f]+|[a-z][a-z0-9]*);\w*)+"  # with its word
 # The patterns' leading runs are anchored by look-behinds: a match from inside a run would end
 # where one from its start ends, and without the anchor the search retried from every
 # character of the run, quadratic in its length (16,000 letters took 20 s).
@@ -99,7 +101,8 @@ def _moses_tokenizer(lang: str):
 
 @cache
 def _moses_protected(lang: str) -> tuple[str, ...]:
-    first = (_MOSES_KEEP_URLS, _MOSES_KEEP_QUOTED, _MOSES_KEEP_TIMES, _MOSES_KEEP_CLUSTERS)
+    first = (_MOSES_KEEP_URLS, _MOSES_KEEP_QUOTED, _MOSES_KEEP_TIMES, _MOSES_KEEP_CLUSTERS,
+             _MOSES_KEEP_ENTITIES)
     if lang in _MOSES_APOSTROPHE_LANGS:
         return (*first, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD, _MOSES_KEEP_SIGNS)
     return (*first, _MOSES_KEEP_CLITICS, _MOSES_KEEP_CURLY, _MOSES_KEEP_IN_WORD,
