@@ -147,7 +147,10 @@ def test_gz_input_read_like_plain(tmp_path):
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.offsets, b.offsets)
 
 
-def test_filter_report_counts(tmp_path, capsys):
+@pytest.mark.parametrize("chunk_size", [1000, 60])
+def test_filter_report_counts(tmp_path, capsys, chunk_size):
+    """The counts, and each dropped pair's line in filtered-train.tsv (before: counts only, so
+    which pairs went could not be checked; found by review), also across chunks."""
     pairs = make_pairs(200, seed=5)
     long_en = " ".join(["the big red cat"] * 12) + "."
     crafted = pairs + [
@@ -156,13 +159,17 @@ def test_filter_report_counts(tmp_path, capsys):
         ("Dog.", "Der hund und die katze und der mann und das auto und das haus."),  # ratio
         pairs[7],  # exact duplicate
     ]
-    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", crafted), max_len=40)
+    cfg = config(tmp_path, train=write_corpus(tmp_path / "train", crafted), max_len=40,
+                 chunk_size=chunk_size)
     report = prepare(cfg)["filter_report"]
     dropped = {"empty": 1, "too_long": 1, "length_ratio": 1, "duplicate": 1, "control_chars": 0}
     assert report == {"read": 204, "kept": 200, "dropped": dropped}
     assert load_split(cfg.out_dir, "train")[0].lengths.max() <= 40
     assert ("train: read 204 pairs, kept 200; dropped: empty 1, too long 1, length ratio 1, "
-            "duplicate 1, control characters 0") in capsys.readouterr().out
+            "duplicate 1, control characters 0 (their lines: filtered-train.tsv)"
+            ) in capsys.readouterr().out
+    assert (Path(cfg.out_dir) / "filtered-train.tsv").read_text() == (
+        "line\tfilter\n201\tempty\n202\ttoo_long\n203\tlength_ratio\n204\tduplicate\n")
 
 
 def test_long_pairs_truncated_not_dropped(tmp_path, capsys):

@@ -27,6 +27,7 @@ from xinda.errors import XindaError
 
 Pair = tuple[list[str], list[str]]  # (src lines, tgt lines)
 FILTERS = ("empty", "too_long", "length_ratio", "duplicate", "control_chars")
+DROPPED_FILE = "filtered-train.tsv"  # in the prepared folder: each dropped pair's line, reason
 
 
 def pair_keys(pairs: Pair) -> list[bytes]:
@@ -49,9 +50,9 @@ def _first_occurrences(keys: Sequence[bytes], candidates: np.ndarray,
 
 def filter_chunk(keys: Sequence[bytes] | None, src: TokenArrays, tgt: TokenArrays,
                  cfg: DataConfig, control: np.ndarray, seen: set[bytes]
-                 ) -> tuple[np.ndarray, dict[str, int]]:
-    """Keep-mask and dropped counts of one chunk; ``seen`` carries deduplication across chunks
-    (``keys`` is needed only with ``data.dedup``)."""
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Keep-mask of one chunk and, per filter, the mask of the pairs it dropped; ``seen``
+    carries deduplication across chunks (``keys`` is needed only with ``data.dedup``)."""
     ls, lt = src.lengths, tgt.lengths
     empty = ~control & ((ls == 0) | (lt == 0))
     too_long = ~control & ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
@@ -64,9 +65,16 @@ def filter_chunk(keys: Sequence[bytes] | None, src: TokenArrays, tgt: TokenArray
     if cfg.dedup:
         duplicate = keep & ~_first_occurrences(keys, keep, seen)
         keep &= ~duplicate
-    counts = {"empty": empty, "too_long": too_long, "length_ratio": bad_ratio,
-              "duplicate": duplicate, "control_chars": control}
-    return keep, {k: int(v.sum()) for k, v in counts.items()}
+    return keep, {"empty": empty, "too_long": too_long, "length_ratio": bad_ratio,
+                  "duplicate": duplicate, "control_chars": control}
+
+
+def dropped_rows(masks: dict[str, np.ndarray], first_line: int) -> str:
+    """TSV rows "line<TAB>filter" of the pairs the ``masks`` drop, in line order; the chunk's
+    first pair is line ``first_line``."""
+    rows = sorted((int(i) + first_line, name) for name, mask in masks.items()
+                  for i in np.flatnonzero(mask))
+    return "".join(f"{line}\t{name}\n" for line, name in rows)
 
 
 def filter_train(text: Pair, src: TokenArrays, tgt: TokenArrays, cfg: DataConfig,
@@ -77,8 +85,8 @@ def filter_train(text: Pair, src: TokenArrays, tgt: TokenArrays, cfg: DataConfig
     if control is None:
         control = np.zeros(len(src), dtype=bool)
     keys = pair_keys(text) if cfg.dedup else None
-    keep, dropped = filter_chunk(keys, src, tgt, cfg, control, set())
-    return keep, report(len(src), dropped)
+    keep, masks = filter_chunk(keys, src, tgt, cfg, control, set())
+    return keep, report(len(src), {name: int(mask.sum()) for name, mask in masks.items()})
 
 
 def report(read: int, dropped: dict[str, int]) -> dict:
@@ -97,8 +105,9 @@ def truncated_note(counts: dict | None) -> str:
 
 
 def format_report(split: str, report: dict) -> str:
+    listed = f" (their lines: {DROPPED_FILE})" if report["kept"] < report["read"] else ""
     return (f"{split}: read {report['read']} pairs, kept {report['kept']}; dropped: "
-            f"{dropped_counts(report)}{truncated_note(report.get('truncated'))}")
+            f"{dropped_counts(report)}{listed}{truncated_note(report.get('truncated'))}")
 
 
 def check_not_all_filtered(prefix: str, report: dict) -> None:

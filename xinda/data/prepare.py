@@ -60,6 +60,7 @@ import sentencepiece as spm
 
 from xinda.config import DataConfig
 from xinda.data.filtering import (
+    DROPPED_FILE,
     filter_train,  # noqa: F401 - re-exported for callers
     format_report,
     truncated_note,
@@ -299,8 +300,9 @@ def _dataset_files(out_dir: Path) -> set[str]:
         spm_files, splits = set(manifest["spm"].values()), list(manifest["splits"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return set()
-    names = spm_files | {f"{split}.{side}.{kind}" for split in splits for side in SIDES
-                         for kind in ("ids.npy", "offsets.npy", "txt")}
+    names = spm_files | {DROPPED_FILE} | {f"{split}.{side}.{kind}" for split in splits
+                                          for side in SIDES
+                                          for kind in ("ids.npy", "offsets.npy", "txt")}
     return {name for name in names if isinstance(name, str) and Path(name).name == name}
 
 

@@ -30,7 +30,15 @@ import sentencepiece as spm
 
 from xinda.config import DataConfig
 from xinda.data.arrays import TokenArrays
-from xinda.data.filtering import FILTERS, check_not_all_filtered, filter_chunk, pair_keys, report
+from xinda.data.filtering import (
+    DROPPED_FILE,
+    FILTERS,
+    check_not_all_filtered,
+    dropped_rows,
+    filter_chunk,
+    pair_keys,
+    report,
+)
 from xinda.data.manifest import SIDES
 from xinda.data.stream import NpyAppender, Pair, Reservoir, ordered_map, read_chunks
 from xinda.data.text import TextPipeline
@@ -195,17 +203,21 @@ def binarise_train(spool: Spool, models: tuple[str, str], cfg: DataConfig, out_d
     stats and the filter report."""
     seen: set[bytes] = set()
     dropped, cut, tokens = dict.fromkeys(FILTERS, 0), {"src": 0, "tgt": 0}, {"src": 0, "tgt": 0}
-    work = partial(encode_chunk, models, str(spool.path))
-    with array_writers(out_dir, "train") as append:
+    work, line = partial(encode_chunk, models, str(spool.path)), 1
+    with array_writers(out_dir, "train") as append, \
+            open(out_dir / DROPPED_FILE, "w", encoding="utf-8") as listed:
+        listed.write("line\tfilter\n")
         for src, tgt, control, keys in ordered_map(work, spool.offsets, pool, 2 * cfg.workers):
             long = {"src": src.lengths > cfg.max_len, "tgt": tgt.lengths > cfg.max_len}
             if cfg.long_pairs == "truncate":
                 src, tgt = src.truncate(cfg.max_len)[0], tgt.truncate(cfg.max_len)[0]
-            keep, counts = filter_chunk(keys, src, tgt, cfg, control, seen)
+            keep, masks = filter_chunk(keys, src, tgt, cfg, control, seen)
+            listed.write(dropped_rows(masks, line))
+            line += len(keep)
             for side in SIDES:  # the kept pairs that were cut
                 cut[side] += int((long[side] & keep).sum())
-            for name, n in counts.items():
-                dropped[name] += n
+            for name, mask in masks.items():
+                dropped[name] += int(mask.sum())
             for side, arrays in zip(SIDES, (src.select(keep), tgt.select(keep))):
                 append(side, arrays)
                 tokens[side] += int(arrays.ids.size)
