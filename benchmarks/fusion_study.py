@@ -159,15 +159,16 @@ def unfinished_run(run_dir: Path, cfg: dict) -> bool:
             and bool(list_checkpoints(run_dir / "model", verify=False)))
 
 
-def code_versions(run_dir: Path) -> list[str]:
-    """``git describe --always --dirty`` of this checkout ("unknown" outside one), appended to
-    ``run_dir/code.txt`` at every start or resume of the run; all of them, oldest first: the
-    code a run trained with, kept in its result (a cached result is reused whatever the code
-    now is). A run resumed from before this record began lists only the later versions."""
-    log = run_dir / "code.txt"
+def code_versions(run_dir: Path, name: str = "code.txt", now: str | None = None) -> list[str]:
+    """``now`` (default: ``git describe --always --dirty`` of this checkout, "unknown" outside
+    one) appended to ``run_dir/name`` at every start or resume of the run; all of them,
+    oldest first: the code a run trained with (or, ``speed.txt``, its threads × jobs), kept
+    in its result (a cached result is reused whatever the code now is). A run resumed from
+    before this record began lists only the later ones."""
+    log = run_dir / name
     with log.open("a", encoding="utf-8") as f:
-        f.write(code_version() + "\n")
-    return log.read_text(encoding="utf-8").split()
+        f.write((now or code_version()) + "\n")
+    return log.read_text(encoding="utf-8").splitlines()
 
 
 def gpu_name() -> str | None:
@@ -190,8 +191,10 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
     if not resume:
         shutil.rmtree(model_dir, ignore_errors=True)  # an earlier attempt with another config
         (run_dir / "code.txt").unlink(missing_ok=True)
+        (run_dir / "speed.txt").unlink(missing_ok=True)
     cfg_path = write_run_config(run_dir, cfg)
     code = code_versions(run_dir)
+    settings = code_versions(run_dir, "speed.txt", f"{threads} × {runs_at_once}")
     print(f"{label}: training {cfg['train']['max_steps']} updates"
           f"{' (resumed)' if resume else ''}", flush=True)
     train = timed([*xinda, "train", str(cfg_path), *(["--resume"] if resume else [])],
@@ -200,7 +203,8 @@ def train_and_score(pair: str, run_dir: Path, cfg: dict, threads: int, label: st
     result = {"params": stats["parameters"], "updates": stats["steps"],
               "tok_per_s": round(stats["tgt_tok_per_s"], 1),
               "tok_per_s_median_window": window_tok_per_s(model_dir),
-              "runs_at_once": runs_at_once, "device": stats.get("device"),
+              "runs_at_once": runs_at_once, "speed_settings": sorted(set(settings)),
+              "device": stats.get("device"),
               "precision": stats.get("precision"), "gpu": gpu_name(),
               "train_peak_rss_mb": round(train["peak_rss_mb"] or 0), "config": cfg,
               "code": code}
@@ -500,9 +504,11 @@ def run_speed(result: dict) -> float:
 def speed_setting(result: dict) -> str:
     """How a run's tok/s was measured: "threads × jobs" (the study's ``--threads`` and
     ``--jobs``: the runs this process trained at once, not other work on the machine; 1 for
-    older results), and whether it
-    is the median log window or the whole run's total."""
+    older results; "mixed" for a run resumed with other ones), and whether it is the median
+    log window or the whole run's total."""
     kind = "median window" if result.get("tok_per_s_median_window") else "total"
+    if len(settings := result.get("speed_settings", [])) > 1:  # resumed with other settings:
+        return f"mixed {' / '.join(settings)}, {kind}"  # compared with nothing
     return f"{result['config']['train']['threads']} × {result.get('runs_at_once', 1)}, {kind}"
 
 

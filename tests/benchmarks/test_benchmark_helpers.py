@@ -388,6 +388,10 @@ def test_fusion_study_speeds_are_averaged_and_compared_only_within_a_setting(tmp
     assert "| -1.00% / -1.00% | – |" in table  # no fusion run measured its gates
     assert "| 4616 (2 × 1, total) / 2430 (1 × 2, median window) |" in table
     assert "| -0.50 (seeds 1, 2) |" in table and "| 0.96× (seeds 1) |" in table
+    # a run resumed with other threads × jobs is labelled so and paired with no baseline
+    mixed = {**runs["layer"][1], "speed_settings": ["1 × 2", "2 × 1"]}
+    assert fusion_study.speed_setting(mixed) == "mixed 1 × 2 / 2 × 1, total"
+    assert fusion_study.paired_with_baseline({1: mixed}, runs["baseline"])["speed_ratio"] is None
     other = fusion_study.markdown("de-en", [base, layer], SimpleNamespace(**{**vars(args),
                                                                          "updates": 20}))
     assert "WARNING: some runs trained [10] updates" in other
