@@ -301,7 +301,8 @@ def restore_wide_punctuation(text: str) -> str:
     return _HALF_PAIRED.sub(lambda m: f"（{m[1] or m[2]}）", text)
 
 
-WIDE_PUNCTUATION_LANGS = ("zh", "ja", "lzh", "yue", "cmn", "wuu")  # write "，：（）" full-width
+# write "，：（）" full-width (ISO 639-1/2/3 codes, and the suffixes "cn", "jp")
+WIDE_PUNCTUATION_LANGS = ("zh", "zho", "chi", "cmn", "lzh", "yue", "wuu", "cn", "ja", "jpn", "jp")
 
 
 def _mostly_han_kana(text: str) -> bool:
@@ -367,11 +368,13 @@ class TextPipeline:
 
     def restores_wide_punctuation(self, text: str) -> bool:
         """Whether ``postprocess`` puts NFKC's ASCII marks back full-width in ``text``
-        (``restore_wide_punctuation``): in Chinese and Japanese sides, and in lines mostly
-        of Han or kana (the couplet recipe's "up"/"down"); an English line keeps the ASCII
-        "(李白):" of a Chinese name."""
-        return self.normalize == "NFKC" and (
-            self.lang.lower().split("-")[0] in WIDE_PUNCTUATION_LANGS or _mostly_han_kana(text))
+        (``restore_wide_punctuation``): in Chinese and Japanese sides, sides of other names
+        (the couplet recipe's "up"/"down", "cn"), and lines mostly of Han or kana; a side of
+        a language written with spaces that Moses knows (en, de, ...) keeps the ASCII
+        "(李白):" of a Chinese name in an English line."""
+        lang = re.split("[-_]", self.lang.lower())[0]
+        return self.normalize == "NFKC" and (lang in WIDE_PUNCTUATION_LANGS or not
+                                             moses_has_rules(lang) or _mostly_han_kana(text))
 
     def _detokenize(self, text: str) -> str:
         if self.pretok == "moses":
