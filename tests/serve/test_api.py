@@ -246,6 +246,26 @@ def test_poem_keywords_longer_than_the_model_reads_are_refused(client, served_mo
                  f"at most {limit}")
 
 
+def test_a_poem_of_two_piece_acrostic_characters_is_measured_before_queueing(
+        client, served_models, monkeypatch):
+    """16 lines of 8 fit a 129-token table, not with "▁" + "春" opening each line: refused
+    as text_too_long before the job is queued (before: the worker's search failed)."""
+    from dataclasses import replace
+
+    from xinda.apps.rules import CharacterTable
+
+    translator = served_models["poetry"].translator
+    real = CharacterTable.of(translator.tgt_vocab)
+    one = {ch: i for ch, i in real.one.items() if ch != "春"}
+    table = replace(real, one=one, by_one={i: ch for ch, i in one.items()})
+    monkeypatch.setattr(CharacterTable, "of", lambda vocab: table)
+    monkeypatch.setattr(translator.model.cfg, "max_positions", 130)
+    body = {"model": "poetry", "keywords": ["江月"], "acrostic": "春" * 16, "form": 7,
+            "rhyme": False}
+    assert_error(post(client, "/v1/poem", **body), 422, "text_too_long",
+                 "poem: the output takes at least 144 tokens")
+
+
 def test_poem_with_keywords_and_acrostic(client):
     body = post(client, "/v1/poem", model="poetry", keywords="春风 江月", form=5).json()
     [poem] = body["poems"]

@@ -61,6 +61,10 @@ class PoemPrompt:
         """The poem's characters, punctuation included (``template``)."""
         return template(self.form, len(self.acrostic) or 4)[1]
 
+    def fixed(self) -> str:
+        """The characters the poem must hold: its acrostic and its punctuation marks."""
+        return self.acrostic + "".join(template(self.form, len(self.acrostic) or 4)[0].values())
+
     def source(self) -> str:
         """The source line the model reads: the form word, then the keywords (or, without
         keywords, the acrostic characters)."""
@@ -114,14 +118,14 @@ def check_source_fits(translator: Translator, source: str, where: str,
                          f"({named}): give a shorter one")
 
 
-def check_output_fits(translator: Translator, length: int, where: str, forced: str = ""
+def check_output_fits(translator: Translator, length: int, where: str, fixed: str = ""
                       ) -> None:
     """A XindaError unless the model can write an output of ``length`` characters: a token
-    each at least, two for each character of ``forced`` (the output's acrostic and marks)
+    each at least, two for each character of ``fixed`` (the output's acrostic and marks)
     that the vocabulary writes in two pieces (before, the search found none and said only
     that)."""
     one = CharacterTable.of(translator.tgt_vocab).one
-    tokens = length + sum(ch not in one for ch in forced)
+    tokens = length + sum(ch not in one for ch in fixed)
     if tokens > (writes := translator.model.cfg.max_positions - 1):
         raise XindaError(f"{where}: the output takes at least {tokens} tokens; the model "
                          f"writes at most {writes} (its position table)")
@@ -248,8 +252,7 @@ def write_poems(translator: Translator, prompts: Sequence[PoemPrompt], nbest: in
         _warn_unknown_keywords(translator, prompt, f"prompt {i}")
         check_source_fits(translator, prompt.source(), f"prompt {i}: the source", options)
         marks, length = template(prompt.form, len(prompt.acrostic) or 4)
-        check_output_fits(translator, length, f"prompt {i}",
-                          prompt.acrostic + "".join(marks.values()))
+        check_output_fits(translator, length, f"prompt {i}", prompt.fixed())
         layouts.append({pos: table.check(mark, "punctuation mark") for pos, mark in
                         marks.items()})
         lengths.append(length)

@@ -147,14 +147,14 @@ class Service:
                 model.translator.prefix_ids(f"constraints.prefix[{i}]", prefix, False)
 
     def check_fits(self, model: ServedModel, sources: Sequence[str], lengths: Sequence[int],
-                   what: str, output: str) -> None:
+                   what: str, output: str, fixed: str = "") -> None:
         """Refuse a source the model cannot read whole or an output of ``lengths[i]``
-        characters it cannot write (``check_source_fits``, ``check_output_fits``). ``what``,
-        ``output``: how an error names source i, output i."""
+        characters (``fixed`` among them) it cannot write (``check_source_fits``,
+        ``check_output_fits``). ``what``, ``output``: how an error names source i, output i."""
         try:
             for i, (source, length) in enumerate(zip(sources, lengths, strict=True)):
                 check_source_fits(model.translator, source, what.format(i=i))
-                check_output_fits(model.translator, length, output.format(i=i))
+                check_output_fits(model.translator, length, output.format(i=i), fixed)
         except XindaError as err:
             raise ApiError(422, "text_too_long", str(err)) from None
 
@@ -282,7 +282,8 @@ def routes(svc: Service) -> APIRouter:
         prompt = await asyncio.to_thread(  # here, not failing a batch of others; OpenCC
             read_prompt, prompt, table, "poem", req.rhyme)  # converts: off the loop
         await asyncio.to_thread(svc.check_fits, model, [prompt.source()], [prompt.length()],
-                                "keywords: the source (form word and keywords)", "poem")
+                                "keywords: the source (form word and keywords)", "poem",
+                                prompt.fixed())
         options = given({"nbest": req.n_best, "rhyme": req.rhyme})
         [outputs] = await svc.run(request, model, "poem", options, [prompt])
         poems, error = tasks.poem_json(outputs)
