@@ -85,7 +85,8 @@ def train(app: str, workdir: Path, args) -> tuple[dict, dict]:
               workdir / "corpus.log")
     cfg, stats = run_config(app, workdir, args), workdir / "model" / "train_stats.json"
     trained_with = workdir / "config.yaml"  # (written below: the config the model had)
-    if stats.exists() and not same_recipe(yaml.safe_load(trained_with.read_text()), cfg):
+    if stats.exists() and not (trained_with.exists()
+                               and same_recipe(yaml.safe_load(trained_with.read_text()), cfg)):
         sys.exit(f"{app}: {workdir / 'model'} was trained with another config than "
                  f"recipes/{app}.yaml now gives: delete {workdir}, or use another --workdir")
     prepare_once(cfg, workdir, f"{app}: ")

@@ -335,3 +335,12 @@ def test_python_api_arguments_of_the_wrong_type_are_one_line_errors(call, messag
     assert exported is XindaError
     with pytest.raises(XindaError, match=f"^{message}"):
         call()
+
+
+def test_load_config_takes_any_path_like(tmp_path):
+    class PathLike:  # as pytest's tmpdir, or a custom __fspath__
+        def __fspath__(self):
+            return str(tmp_path / "c.yaml")
+
+    (tmp_path / "c.yaml").write_text("train:\n  lr: 0.5\n")
+    assert load_config(PathLike()).train.lr == 0.5

@@ -8,6 +8,7 @@ the key's dotted path.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
@@ -316,7 +317,7 @@ def format_validation_error(err: ValidationError, where: str, section: str = "")
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
     """Read a YAML experiment config (or start from defaults) and apply ``--set`` overrides."""
     tree: dict = {}
-    if path is not None and not isinstance(path, (str, Path)):
+    if path is not None and not isinstance(path, (str, os.PathLike)):
         raise XindaError(f"config: expected a file path, got {type(path).__name__}")
     if path is not None:
         path = Path(path)

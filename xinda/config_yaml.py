@@ -63,7 +63,8 @@ def _refuse_yaml_1_1_surprise(node: yaml.ScalarNode, value: float) -> None:
     text = node.value.replace("_", "")
     if ":" in text:
         reading = "base 60"
-    elif re.fullmatch(r"[-+]?0[0-7]+", text) and int(text, 8) != int(text, 10):
+    elif type(value) is int and re.fullmatch(r"[-+]?0[0-7]+", text) \
+            and int(text, 8) != int(text, 10):
         reading = "octal"
     else:
         return

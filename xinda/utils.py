@@ -6,6 +6,7 @@ import codecs
 import gzip
 import itertools
 import logging
+import numbers
 import os
 import re
 import shutil
@@ -26,10 +27,9 @@ MAX_THREADS = 1024  # torch threads; more crash OpenMP ("Thread creation failed"
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it over ``path`` only on success. A
-    symbolic link is written through (its target is replaced), a stream (``is_stream``) is
-    written to, never replaced. The file gets the old file's permissions, or the umask's.
-    Failures to write are ``XindaError`` naming ``path``."""
+    """Yield a temporary path next to ``path``; rename it over ``path`` only on success (a link
+    is written through, a stream, ``is_stream``, written to), with the old file's permissions
+    or the umask's. Failures to write are ``XindaError`` naming ``path``."""
     path = Path(path)
     if path.is_dir():
         raise XindaError(f"{path}: is a directory, not a file")
@@ -83,8 +83,7 @@ def _appended_to(stream: Path) -> Iterator[Path]:
 
 
 def _write_error(err: OSError, path: Path, written: str) -> OSError | XindaError:
-    """The error to raise for ``err`` while writing ``written`` for ``path``: one line naming
-    ``path``, or ``err`` itself when it concerns another file."""
+    """For ``err`` while writing ``written``: one line naming ``path`` (if not another file's)."""
     if err.filename not in (None, written):
         return err
     return XindaError(f"{path}: cannot write: {err.strerror or err}")
@@ -92,8 +91,8 @@ def _write_error(err: OSError, path: Path, written: str) -> OSError | XindaError
 
 @contextmanager
 def os_errors_named(path: str | Path, action: str = "") -> Iterator[None]:
-    """An OSError (no permission, disk full, ...) becomes a one-line XindaError: ``path`` and
-    the ``action`` that failed, or without one the file the error names (else ``path``)."""
+    """An OSError (no permission, disk full...) as one line: ``path`` and ``action``, or the
+    error's file (else ``path``) when no action is named."""
     try:
         yield
     except OSError as err:
@@ -102,13 +101,11 @@ def os_errors_named(path: str | Path, action: str = "") -> Iterator[None]:
 
 
 def write_errors(path: str | Path):
-    """Turn an OSError while writing ``path`` into a one-line XindaError naming it."""
-    return os_errors_named(path, "cannot write")
+    return os_errors_named(path, "cannot write")  # an OSError: "PATH: cannot write: ..."
 
 
 def _umask() -> int:
-    """The process's umask; read from /proc where there is one, since setting it to read it
-    would briefly change the mode of files other threads (the server's) create meanwhile."""
+    """The umask, from /proc where it can (setting it races the server's threads' files)."""
     try:
         status = Path("/proc/self/status").read_text()
         return int(re.search(r"^Umask:\s*([0-7]+)", status, re.MULTILINE).group(1), 8)
@@ -384,6 +381,10 @@ def log_to_stderr() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_WarningsNamed("%(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def is_whole(value: object) -> bool:  # an integer (numpy's too), not a bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_lines(lines, name: str = "lines") -> list[str]:

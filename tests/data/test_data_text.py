@@ -296,3 +296,10 @@ def test_an_english_line_keeps_the_ascii_marks_around_a_chinese_name(pretok):
     for lang in ("zh", "zh_CN", "cn", "jpn", "chs"):  # (a review found zh_CN and cn left out)
         side = TextPipeline("NFKC", False, pretok, lang)
         assert "说：I" in side.postprocess(side.preprocess("他说：I am Li Bai and this is long"))
+
+
+def test_moses_keeps_only_html_entities_whole():
+    """"AT&T;" is a word and a semicolon, not an entity (a review found the sentence's ";"
+    glued to it)."""
+    pipe = TextPipeline("NFKC", False, "moses", "en")
+    assert pipe.preprocess("AT&T; Q&A; Tom &amp; Jerry") == "AT&T ; Q&A ; Tom &amp; Jerry"

@@ -166,6 +166,14 @@ def test_pieces_input_not_in_the_vocabulary_is_warned_about(translator, caplog):
     assert "vocabulary" not in caplog.text
 
 
+def test_constraints_for_takes_numpy_integers(translator):
+    import numpy as np
+
+    [repeat, length] = translator(TRANSFORMER).constraints_for(
+        ["a"], no_repeat_ngram=np.int64(2), exact_length=np.int64(3))
+    assert (repeat.n, length.lengths) == (2, [3])
+
+
 def test_constraints_must_be_constraint_objects(translator):
     with pytest.raises(XindaError, match="^constraints: expected Constraint objects .* got str"):
         translator(TRANSFORMER).translate(["a"], constraints=["x"])  # was an AttributeError

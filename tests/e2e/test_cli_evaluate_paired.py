@@ -64,6 +64,8 @@ def test_a_reference_can_come_from_stdin_once(xinda, one_line_error, tmp_path):
     hyp = write(tmp_path / "hyp.txt", ["a b c d", "e f g h"])
     out = xinda("evaluate", hyp, "-", "--metrics", "chrf", input="a b c d\ne f g h\n").stdout
     assert out.startswith("chrF2 = 100.00")
+    proc = xinda("evaluate", hyp, "-", input="a b c d\n", ok=False)
+    one_line_error(proc, f"{hyp} has 2 lines but <stdin> has 1")
     proc = xinda("evaluate", "-", "-", input="a\nb\n", ok=False)
     one_line_error(proc, "the hypotheses and references: stdin (-) gives one of them at most")
     proc = xinda("evaluate", hyp, "-", "--baseline", "-", input="a\nb\n", ok=False)

@@ -184,6 +184,17 @@ def test_scoring_arguments_of_the_wrong_type_are_one_line_errors(call, message):
         call()
 
 
+def test_counts_may_be_numpy_integers():
+    import numpy as np
+
+    [result] = paired_tests(["a b c d"], ["a b c d"], ["a b c d"], "bleu", trials=np.int64(10),
+                            samples=np.int64(10))
+    assert result.difference == 0
+    low, high = significance.two_level_interval([(["a b c d"], ["a b c d"])], ["a b c d"],
+                                                samples=np.int64(10))
+    assert low == high == 0
+
+
 def test_metrics_may_be_any_iterable_of_names():
     scores = corpus_scores(["a b c d"], ["a b c d"], (m for m in ["bleu", "chrf"]))
     assert [s.score for s in scores] == pytest.approx([100, 100])

@@ -160,6 +160,7 @@ def test_set_puts_the_parsed_value_at_its_dotted_key(key, raw, user_error):
     ("train:\n  seed: 010\n", ("line 2, column 9: YAML 1.1 reads 010 as octal, 8: write the "
                                "number you mean, or quote '010' for text")),
     ("train: {max_seconds: 1:30}", "line 1, column 22: YAML 1.1 reads 1:30 as base 60, 90"),
+    ("train: {lr: !!float 010, seed: 010}", "line 1, column 32: YAML 1.1 reads 010 as octal, 8"),
     ("[" * 5000, "invalid YAML: nested too deeply"),
     ("\"a\\nb\": 1", "a\\nb: Extra inputs are not permitted"),
     ("[]", "expected a mapping at the top level"),
@@ -168,7 +169,7 @@ def test_set_puts_the_parsed_value_at_its_dotted_key(key, raw, user_error):
     # before: no line (found by review)
     (b"train:\n  out_dir: caf\xe9\n", "line 2: not UTF-8 text (invalid byte at offset 21)"),
     ("train:\n  lr: 0.1\ny: \x0c\n", "invalid YAML: line 3: unacceptable character U+000C"),
-], ids=["bad-date", "bad-int", "bad-bool", "bad-timestamp", "octal", "base-60",
+], ids=["bad-date", "bad-int", "bad-bool", "bad-timestamp", "octal", "base-60", "float-010",
         "deep-nesting", "newline-in-key",
         "list-document", "false-document", "not-utf8", "not-utf8-line-2", "control-character"])
 def test_found_by_fuzzing_now_one_line_errors(text, fragment, user_error):

@@ -166,7 +166,7 @@ def evaluate(
     sources = _lines_beside(source, "--source", len(hyps), read) if by_length else None
     read["--source"] = source
     base = _lines_beside(baseline, "--baseline", len(hyps), read) if baseline else None
-    names = [input_name(hypotheses), *map(str, references)]  # for warnings about long lines
+    names = [input_name(hypotheses), *map(input_name, references)]  # for warnings about long lines
     say(*map(str, corpus_scores(hyps, refs, tuple(metrics.split(",")), tokenize, lowercase,
                                 names)))
     if sources is not None:

@@ -73,7 +73,8 @@ _MOSES_KEEP_CLUSTERS = (
     f"[{_EMOJI}][{_EMOJI_MODS}]*(?:\u200d[{_EMOJI}][{_EMOJI_MODS}]*)+|"
     f"[{_EMOJI}][{_EMOJI_MODS}]+|[\U0001f1e6-\U0001f1ff]{{2}}")
 # HTML entities, as IWSLT's and Multi30k's texts hold them ("&amp;" came back as "& amp;")
-_MOSES_KEEP_ENTITIES = r"(?<!\w)\w*(?:&(?:#x?[0-9a-f]+|[a-z][a-z0-9]*);\w*)+"  # with its word
+_MOSES_KEEP_ENTITIES = (r"(?<!\w)\w*(?:&(?:#x?[0-9a-f]+|amp|lt|gt|quot|apos|nbsp|[lr][sd]quo|"
+                        r"[mn]dash|hellip|euro|copy|reg|trade);\w*)+")  # with its word
 # The patterns' leading runs are anchored by look-behinds: a match from inside a run would end
 # where one from its start ends, and without the anchor the search retried from every
 # character of the run, quadratic in its length (16,000 letters took 20 s).

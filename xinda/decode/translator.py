@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,7 +50,7 @@ from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.quantize import quantize_int8
 from xinda.models.registry import build_model, resolve
-from xinda.utils import check_lines
+from xinda.utils import check_lines, is_whole
 
 log = logging.getLogger("xinda")
 UNSATISFIABLE = "the search found no output that satisfies the constraints"
@@ -93,7 +94,7 @@ class Translator:
         ``ensemble`` (more model directories, same vocabularies) the models decode together
         (``xinda.decode.ensemble``), with the first one's config and text pipelines;
         ``checkpoint`` replaces the first one's weights only."""
-        if not isinstance(model_dir, (str, Path)):
+        if not isinstance(model_dir, (str, os.PathLike)):
             raise XindaError(f"model_dir: expected a folder, got {type(model_dir).__name__}")
         if isinstance(ensemble, (str, Path)):
             raise XindaError(f"ensemble={str(ensemble)!r}: give a list of model directories")
@@ -270,11 +271,10 @@ class Translator:
         ``ban`` (target pieces or words that are one piece; blanks ignored), no repeated
         n-grams of that size (0: off), no copied source tokens, an exact output length."""
         check_format("input_format", input_format)
-        lines = check_lines(lines)
+        lines, ban = check_lines(lines), check_lines(ban, "ban")  # (one string: refused)
         prefixes = None if prefixes is None else check_lines(prefixes, "prefixes")
-        ban = check_lines(ban, "ban")  # (one string: refused, not read character by character)
         for name, size in (("no_repeat_ngram", no_repeat_ngram), ("exact_length", exact_length)):
-            if size is not None and (type(size) is not int or size < 0):
+            if size is not None and (not is_whole(size) or size < 0):
                 raise XindaError(f"{name} must be a whole number >= 0, got {size!r}")
         out: list[Constraint] = []
         if prefixes is not None:
@@ -287,7 +287,7 @@ class Translator:
         if words := [w.strip() for w in ban if w.strip()]:
             out.append(BanTokens([i for word in words for i in self.target_tokens(word)]))
         if no_repeat_ngram:
-            out.append(NoRepeatNgram(no_repeat_ngram))
+            out.append(NoRepeatNgram(int(no_repeat_ngram)))
         if ban_source_copy:
             # every source token, also past a cut (translate's limit may differ from
             # this config's): at worst a token the decoder did not see is banned too
@@ -300,7 +300,7 @@ class Translator:
                 raise XindaError(f"exact length {exact_length}: this model writes at most "
                                  f"{self.model.cfg.max_positions - 1} tokens (its position "
                                  "table)")
-            out.append(ExactLength([exact_length] * len(lines)))
+            out.append(ExactLength([int(exact_length)] * len(lines)))
         return out
 
     def prefix_ids(self, where: str, prefix: str, pieces_in: bool) -> list[int]:

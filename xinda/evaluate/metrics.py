@@ -379,7 +379,7 @@ def read_hyps_refs(hyp_path: str | Path, ref_paths: Sequence[str | Path]
         raise XindaError(f"{hyp_path}: no hypotheses to score (empty file)")
     streams = []
     for ref_path in ref_paths:
-        refs = read_input(ref_path)
+        refs, ref_path = read_input(ref_path), input_name(ref_path)
         if len(hyps) != len(refs):
             raise XindaError(
                 f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}; "

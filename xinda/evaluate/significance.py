@@ -40,6 +40,7 @@ from xinda.evaluate.metrics import (
     metric_names,
     resolve_tokenizer,
 )
+from xinda.utils import is_whole
 
 AR_TRIALS, BOOTSTRAP_SAMPLES, SEED = 10_000, 1_000, 12345  # sacreBLEU's defaults
 PAIRED_METRICS = ("bleu", "chrf", "chrf++", "ter")  # (ROUGE: not on sacreBLEU's statistics)
@@ -88,7 +89,7 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Refs,
     if len(baseline) != len(system):
         raise XindaError(f"baseline has {len(baseline)} lines but hypotheses have "
                          f"{len(system)}")
-    if any(type(n) is not int or n < 1 for n in (trials, samples)):
+    if any(not is_whole(n) or n < 1 for n in (trials, samples)):
         raise XindaError(f"paired tests need at least one trial and one resample (whole "
                          f"numbers), got {trials!r} and {samples!r}")
     metrics = metric_names(metrics)
@@ -188,7 +189,7 @@ def two_level_interval(runs: Sequence[tuple[Sequence[str], Sequence[str]]], refs
         raise XindaError("runs: expected (baseline, system) pairs of translations, one per run")
     runs = [(check_lines(base, "baseline"), check_lines(sys_, "hypotheses"))
             for base, sys_ in runs]
-    if not runs or type(samples) is not int or samples < 1:
+    if not runs or not is_whole(samples) or samples < 1:
         raise XindaError("a two-level interval needs a pair of runs and a resample at least "
                          f"(a whole number), got {len(runs)} runs and samples={samples!r}")
     streams = _ref_streams(refs)
