@@ -194,7 +194,8 @@ def test_force_replaces_an_earlier_export_or_an_empty_folder_only(exported, tmp_
     _, ct2_dir, sources = exported
     model_dir = ct2_dir.parent / "model"
     other_model = shutil.copytree(model_dir, tmp_path / "other-model")
-    for folder, holds in ((other_model, "checkpoints"), (ct2_dir.parent / "bin", "manifest.json")):
+    for folder, holds in ((other_model, "checkpoints"),
+                          (ct2_dir.parent / "bin", "filtered-train.tsv")):  # (first by name)
         before = folder_files(folder)
         with pytest.raises(XindaError, match=re.escape(
                 f"{folder}: not an earlier CTranslate2 export (it holds {holds})")):

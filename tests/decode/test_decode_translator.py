@@ -142,9 +142,9 @@ def test_unknown_formats_are_refused(translator, options):
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"ban": "25"}, "ban: expected a list of strings, got str"),  # before: banned 2 and 5
-    ({"exact_length": 2.5}, "exact_length must be a whole number >= 0, got 2.5"),  # read as 2
-    ({"no_repeat_ngram": True}, "no_repeat_ngram must be a whole number >= 0, got True"),
-    ({"no_repeat_ngram": "2"}, "no_repeat_ngram must be a whole number >= 0, got '2'"),
+    ({"exact_length": 2.5}, r"exact_length must be >= 0 \(a whole number\), got 2.5"),  # was 2
+    ({"no_repeat_ngram": True}, r"no_repeat_ngram must be >= 0 \(a whole number\), got True"),
+    ({"no_repeat_ngram": "2"}, r"no_repeat_ngram must be >= 0 \(a whole number\), got '2'"),
 ])
 def test_constraints_for_refuses_what_it_would_misread(translator, options, message):
     """Found by review: a string of pieces was banned character by character, a float length

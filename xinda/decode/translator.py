@@ -275,7 +275,7 @@ class Translator:
         prefixes = None if prefixes is None else check_lines(prefixes, "prefixes")
         for name, size in (("no_repeat_ngram", no_repeat_ngram), ("exact_length", exact_length)):
             if size is not None and (not is_whole(size) or size < 0):
-                raise XindaError(f"{name} must be a whole number >= 0, got {size!r}")
+                raise XindaError(f"{name} must be >= 0 (a whole number), got {size!r}")
         out: list[Constraint] = []
         if prefixes is not None:
             if len(prefixes) != len(lines):
