@@ -344,3 +344,12 @@ def test_load_config_takes_any_path_like(tmp_path):
 
     (tmp_path / "c.yaml").write_text("train:\n  lr: 0.5\n")
     assert load_config(PathLike()).train.lr == 0.5
+
+
+def test_a_trainer_given_a_path_instead_of_a_config_is_one_line(tmp_path):
+    """Before: AttributeError: 'str' object has no attribute 'train' (found by review)."""
+    from xinda.train.trainer import Trainer
+
+    with pytest.raises(XindaError, match=r"^expected an ExperimentConfig \(xinda.config.load_"
+                                         r"config\(path\)\), got str"):
+        Trainer("config.yaml")

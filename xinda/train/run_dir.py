@@ -47,6 +47,14 @@ MODEL_WIDTH = ("model.preset", "model.arch", "model.d_model", "model.hidden_dim"
 FIXED_TRAIN = ("seed", "max_tokens", "optimizer")  # (and the batches per update, below)
 
 
+def experiment_config(cfg: object) -> ExperimentConfig:
+    """``cfg``, or a XindaError when it is not an ExperimentConfig (a path, a dict)."""
+    if not isinstance(cfg, ExperimentConfig):
+        raise XindaError(f"expected an ExperimentConfig (xinda.config.load_config(path)), got "
+                         f"{type(cfg).__name__}")
+    return cfg
+
+
 def checked_model(cfg: ExperimentConfig, source: Path | str = "config",
                   overrides: list[str] = ()) -> BaseModel:
     """The model config of ``cfg`` once its model section (a dict that ``load_config`` does

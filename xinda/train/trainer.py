@@ -9,9 +9,7 @@ written, and KeyboardInterrupt is raised (``xinda train`` prints "interrupted", 
 once, keeping the checkpoints already written. (``Trainer.train`` installs the handlers in the
 main thread only and restores the previous ones.) Under torchrun all ranks agree on when to
 stop, and a signal repeated within a second counts once (torchrun passes on the Ctrl-C its
-ranks already got from the terminal).
-
-Data-parallel training on several processes or machines: ``xinda.train.distributed``.
+ranks already got from the terminal). Data-parallel training: ``xinda.train.distributed``.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from xinda.train.run_dir import (
     check_output_dir,
     check_splits,
     checked_model,
+    experiment_config,
     retire_average,
     warn_data_fit,
     warn_validation_settings,
@@ -64,14 +63,14 @@ ValidBleu = Callable[[Seq2SeqModel], float]  # model -> BLEU of its validation t
 
 class Trainer:
     """Trains ``cfg.model`` on the prepared data in ``data_dir`` (default ``cfg.data.out_dir``).
-
     ``valid_bleu`` (``xinda.evaluate.validation.validation_bleu(cfg)``, built by the caller:
     training imports no scoring) adds BLEU to each validation; else the loss picks the best.
     ``config``: the file ``cfg`` was read from (a new run will not write over it)."""
 
     def __init__(self, cfg: ExperimentConfig, data_dir: str | Path | None = None,
                  valid_bleu: ValidBleu | None = None, config: str | Path | None = None):
-        self.cfg, tc, self.out, self.config = cfg, cfg.train, Path(cfg.train.out_dir), config
+        tc = experiment_config(cfg).train  # (a path given for the config: a one-line error)
+        self.cfg, self.out, self.config = cfg, Path(tc.out_dir), config
         self.data_dir = Path(data_dir or cfg.data.out_dir)
         if tc.threads:
             torch.set_num_threads(tc.threads)
