@@ -42,6 +42,8 @@ from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
         # before: "http: / / www.enron.com/x.html", "„Open“ -Schild"
         ("en", "See http://www.enron.com/x.html or (https://a.b/c?d=e&f=g)."),
         ("de", "Vor einem „Open“-Schild steht ein \"Stop\"-Schild."),
+        # before: "„Mongolian BBQ“ -Leuchtreklame" (31 lines of Multi30k's train.de)
+        ("de", "Eine „Mongolian BBQ“-Leuchtreklame, „ja“ und „nein“-Sager."),
         # before: "Ọ ̀ rẹ ́", "ą ̃", "❤ ️", "👍 🏽", "👨 \u200d 👩", "🇩 🇪", "1 ️ ⃣" (found by review)
         ("en", "Ọ̀rẹ́ mi dé, ą̃ and x\u0303\u0301 stay whole."),
         # before: "& amp;", "Jackson& apos; s" (IWSLT's text holds entities; found by review)

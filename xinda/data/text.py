@@ -58,9 +58,9 @@ _MOSES_KEEP_IN_WORD = r"(?:(?<!\d)(?<!\d[.,])\d+(?:[.,]\d+)+|(?<!\w)\w+)(?:[&/@_
 # Hashtags, mentions and numbers ("#2", "@user") and "C++", "C#" (they came back as "# 2"...).
 _MOSES_KEEP_SIGNS = r"(?<!\w)[#@]\w+|(?<!\w)\w+(?:\+\+|#)(?![\w+#])"
 # URLs ("http: / / www..." came back) without the punctuation that ends a sentence after them,
-# and a quoted word in a compound: „Open“-Schild (came back as "„Open“ -Schild").
+# and quoted words in a compound: „Open“-Schild, „Mongolian BBQ“-Reklame (came back as "„Open“ -Schild").
 _MOSES_KEEP_URLS = r"(?<![\w/])(?:https?|ftp)://[!-~]*[a-z0-9/_=#&%~+-]"
-_MOSES_KEEP_QUOTED = r"(?<!\w)[„\"“‚‘][^\W\d_]+[“”\"‘’]-\w+"
+_MOSES_KEEP_QUOTED = r"(?<!\w)[„\"“‚‘][^\W\d_]+(?: [^\W\d_]+){0,4}[“”\"‘’]-\w+"  # up to 5 words
 # Characters of several code points, which sacremoses cut at each mark, never to be rejoined:
 # a letter with combining marks NFC cannot compose ("Ọ̀rẹ́" came back as "Ọ ̀ rẹ ́"), keycaps,
 # emoji with a variation selector or skin tone, ZWJ sequences (👨‍👩‍👧) and flags (🇩🇪).
