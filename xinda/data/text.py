@@ -58,7 +58,7 @@ _MOSES_KEEP_IN_WORD = r"(?:(?<!\d)(?<!\d[.,])\d+(?:[.,]\d+)+|(?<!\w)\w+)(?:[&/@_
 # Hashtags, mentions and numbers ("#2", "@user") and "C++", "C#" (they came back as "# 2"...).
 _MOSES_KEEP_SIGNS = r"(?<!\w)[#@]\w+|(?<!\w)\w+(?:\+\+|#)(?![\w+#])"
 # URLs ("http: / / www..." came back) without the punctuation that ends a sentence after them,
-# and quoted words in a compound: „Open“-Schild, „Mongolian BBQ“-Reklame (came back as "„Open“ -Schild").
+# and quoted words in a compound: „Open“-Schild, „Mongolian BBQ“-Reklame (not "„Open“ -Schild").
 _MOSES_KEEP_URLS = r"(?<![\w/])(?:https?|ftp)://[!-~]*[a-z0-9/_=#&%~+-]"
 _MOSES_KEEP_QUOTED = r"(?<!\w)[„\"“‚‘][^\W\d_]+(?: [^\W\d_]+){0,4}[“”\"‘’]-\w+"  # up to 5 words
 # Characters of several code points, which sacremoses cut at each mark, never to be rejoined:
