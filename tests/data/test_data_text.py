@@ -170,6 +170,8 @@ def test_jieba_round_trip(line):
     (True, "我说OK. Then we go to www.Google.com."),
     (False, "He said “hi” to me, ‘yo’ and don’t."),
     (False, '他说："你好"吗？1, 2, 3 and 1,000 at 10:30.'),  # before: "1,2,3"
+    # before: "C#and C++daily", "costs$5 or€4" (found by review)
+    (False, "他说：“I use C# and C++ daily, it costs $5 or €4 now.”"),
 ])
 def test_jieba_round_trip_of_quotes_and_full_stops(lowercase, line):
     pipe = TextPipeline("NFKC", lowercase, "jieba", "zh")

@@ -26,7 +26,7 @@ from xinda.utils import visible_text
 SPACE_MARK = "\u2423"  # "␣": stands for an original space under char pre-tokenisation
 _MARKS = re.compile(f"{SPACE_MARK}{SPACE_MARK}?")  # "␣" a space, "␣␣" a "␣" of the text
 _CLOSING = ",;:!?.)]}%"
-_OPENING = "([{"
+_OPENING = "([{$€£¥"  # (a currency sign opens its amount: "paid $200")
 _CURLY_QUOTES = {"“": "open", "‘": "open", "”": "close", "’": "close"}
 _IN_WORD_QUOTES = "'’"  # apostrophes between letters
 # Words of letters and digits, also joined by in-word punctuation, stay one jieba token, so
@@ -237,6 +237,8 @@ def _needs_space(before: str, left: str, right: str,
     a, b = left[-1], right[0]
     if _is_wide(a) or _is_wide(b):
         return False
+    if a in "#+" and _is_letter(left.rstrip("#+")[-1:] or " ") and _is_letter(b):
+        return True  # a word that ends in them, "C# and", "C++ daily"
     # a quotation mark between two letters would read as an apostrophe (jieba keeps those)
     if (a == "'" and len(left) > 1 and _is_letter(left[-2]) and _is_letter(b)) or \
             (b == "'" and len(right) > 1 and _is_letter(right[1]) and _is_letter(a)):
