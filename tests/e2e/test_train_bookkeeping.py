@@ -50,7 +50,8 @@ def test_the_last_checkpoint_records_the_final_validation(prepared, tmp_path):
     progress = run(prepared, tmp_path, max_steps=4, save_every=4)
     saved = newest_progress(tmp_path)
     assert saved["step"] == 4 and saved["best"] == progress.best
-    assert math.isfinite(saved["best"]) and saved["best_metric"] == "loss (label smoothing 0.1)"
+    assert math.isfinite(saved["best"])
+    assert saved["best_metric"].startswith("loss (label smoothing 0.1) on valid ")
 
 
 def test_a_limit_on_an_epoch_s_last_update_ends_the_epoch_once(prepared, tmp_path, per_epoch):
@@ -403,14 +404,32 @@ def test_settings_that_change_the_score_start_best_and_patience_over(prepared, t
     assert progress.step > per_epoch + 1  # not stopped at the first validation
 
 
-def test_the_metric_names_the_settings_that_change_it(prepared):
-    """(Checkpoints from before them say "loss" or "bleu", which the same metric continues.)"""
-    from xinda.train.progress import validation_metric
+def test_the_metric_names_the_settings_and_the_validation_set(prepared):
+    """(Checkpoints from before them say "loss" or "bleu", or name no validation set, which
+    the same metric continues.) Before: another validation set on --resume was compared with
+    the old set's best score and early-stopping count (found by review)."""
+    from xinda.train.progress import same_metric, validation_metric
 
-    cfg = load_config(prepared.config)
-    assert validation_metric(cfg, False).split()[0] == "loss"
-    assert validation_metric(cfg, True) == ("bleu (beam 1, alpha 1, coverage 0, length 0x+16, "
-                                            "stop beam, inputs 40)")
+    cfg, valid = load_config(prepared.config), {"pairs": 40, "tgt_tokens": 200}
+    assert validation_metric(cfg, False, valid).split()[0] == "loss"
+    metric = validation_metric(cfg, True, valid)
+    assert metric == ("bleu (beam 1, alpha 1, coverage 0, length 0x+16, stop beam, inputs 40) "
+                      "on valid 40 pairs, 200 target tokens")
+    assert same_metric("bleu", metric) and same_metric(metric.split(" on ")[0], metric)
+    assert not same_metric(validation_metric(cfg, True, {"pairs": 41, "tgt_tokens": 200}), metric)
+
+
+def test_a_stop_checkpoint_validated_after_a_resume_stays_off_the_grid(prepared, tmp_path,
+                                                                       per_epoch):
+    """Found by review: a run stopped off the save_every grid and resumed into its limit was
+    validated and saved again as a regular checkpoint, so keep_last kept it where an
+    uninterrupted run keeps step 2."""
+    assert per_epoch > 5  # (the limits fall inside the first epoch)
+    run(prepared, tmp_path, max_steps=3, save_every=2, keep_last=3, run_validation="false")
+    run(prepared, tmp_path, resume=True, max_steps=3, save_every=2, keep_last=3)
+    run(prepared, tmp_path, resume=True, max_steps=5, save_every=2, keep_last=3)
+    assert [p.name[5:12] for p in list_checkpoints(tmp_path)] == ["0000002", "0000004",
+                                                                  "0000005"]
 
 
 def test_a_signal_during_a_save_stops_at_that_update(prepared, tmp_path, monkeypatch):

@@ -70,12 +70,24 @@ def beats(score: float, loss: float, best: float, best_loss: float) -> bool:
     return (score, -loss) > (best, -best_loss)
 
 
-def validation_metric(cfg: ExperimentConfig, bleu: bool) -> str:
-    """What a validation score measures, with the settings that change it: a best score or an
-    early-stopping count under other ones means nothing (found by review: a resume with
-    another label smoothing stopped at once, and froze best.safetensors)."""
+ON_VALID = " on valid "  # what validation_metric names the validation set by
+
+
+def validation_metric(cfg: ExperimentConfig, bleu: bool, valid: dict) -> str:
+    """What a validation score measures, with the settings that change it and the validation
+    set (``valid``: its manifest entry): a best score or an early-stopping count under other
+    ones means nothing (found by review: a resume with another label smoothing stopped at
+    once, and froze best.safetensors; another validation set went unnoticed)."""
+    on = f"{ON_VALID}{valid.get('pairs')} pairs, {valid.get('tgt_tokens')} target tokens"
     if not bleu:
-        return f"loss (label smoothing {cfg.train.label_smoothing:g})"
+        return f"loss (label smoothing {cfg.train.label_smoothing:g}){on}"
     d = cfg.decode
     return (f"bleu (beam {cfg.train.valid_beam}, alpha {d.alpha:g}, coverage {d.coverage:g}, "
-            f"length {d.max_len_a:g}x+{d.max_len_b}, stop {d.stop}, inputs {d.max_input_len})")
+            f"length {d.max_len_a:g}x+{d.max_len_b}, stop {d.stop}, inputs {d.max_input_len})"
+            f"{on}")
+
+
+def same_metric(saved: str, metric: str) -> bool:
+    """Whether a best score saved under ``saved`` still counts under ``metric`` (a checkpoint
+    from before the set was named, or before the settings were, names less)."""
+    return saved in ("", metric, metric.split()[0], metric.split(ON_VALID)[0])

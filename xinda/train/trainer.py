@@ -38,7 +38,7 @@ from xinda.models.registry import build_model
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact, settings_fingerprint
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
-from xinda.train.progress import Progress, beats, validation_metric
+from xinda.train.progress import Progress, beats, same_metric, validation_metric
 from xinda.train.run_dir import (
     apply_hyperparameters,
     check_batches_per_update,
@@ -221,7 +221,7 @@ class Trainer:
         if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
             self.ranks.main_only(self.validate_and_keep_best)  # stopped inside an epoch
             p.validated_step = p.step  # (all ranks, and their checkpoint records the new best)
-            self.save(off_grid=self.saved_step != p.step)  # (a save_every step stays on it)
+            self.save(off_grid=not (tc.save_every and p.step % tc.save_every == 0))
         self.save_unless_saved(off_grid=True)
         if self.ranks.is_main:
             write_stats(self.out, p, precision=self.precision, device=str(self.device),
@@ -373,8 +373,8 @@ class Trainer:
                        valid_bleu=scores.get("bleu"))
         plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
         score = scores.get("bleu", -scores["loss"])
-        metric = validation_metric(self.cfg, "bleu" in scores)  # ("bleu": saved before)
-        if p.best_metric and p.best_metric not in (metric, metric.split()[0]):
+        metric = validation_metric(self.cfg, "bleu" in scores, self.manifest["splits"]["valid"])
+        if not same_metric(p.best_metric, metric):
             log.warning("validation now scores by %s, not %s: the best score and early "
                         "stopping's count start over", metric, p.best_metric)
             p.reset_best()
