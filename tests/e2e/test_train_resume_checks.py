@@ -95,6 +95,16 @@ def test_a_new_checkpoint_retires_an_older_average(trained, xinda, model):
     assert default_weights(model) != model / "averaged.safetensors"
 
 
+def test_a_run_that_no_longer_validates_retires_its_best_weights(trained, xinda, model):
+    """Found by review: resumed with run_validation off, translate went on loading the old
+    best.safetensors after hundreds of newer updates. With validation on it stays."""
+    assert (model / "best.safetensors").is_file()
+    resume(xinda, trained, model, "train.run_validation=false")
+    step = trained.steps + 2
+    assert (model / f"best-before-step_{step:07d}.safetensors").is_file()
+    assert default_weights(model) == list_checkpoints(model)[-1]
+
+
 def test_a_non_finite_loss_stops_training_with_finite_checkpoints(trained, xinda,
                                                                   one_line_error, tmp_path):
     """Before: exit 0 and every kept checkpoint all NaN."""

@@ -281,15 +281,17 @@ def apply_hyperparameters(optimizer: torch.optim.Optimizer, tc: TrainConfig) -> 
         group.update(values, weight_decay=tc.weight_decay)
 
 
-def retire_average(out: Path, step: int) -> None:
-    """An ``averaged.safetensors`` of earlier checkpoints would shadow the newer weights of
-    ``step`` (``translate`` prefers it): renamed aside, not deleted."""
-    averaged = out / "averaged.safetensors"
-    if averaged.is_file():
-        aside = averaged.with_name(f"averaged-before-step_{step:07d}.safetensors")
-        averaged.replace(aside)
-        log.warning("%s averaged older checkpoints: renamed to %s (run xinda average again)",
-                    averaged, aside.name)
+def retire_shadowing(out: Path, step: int, validating: bool) -> None:
+    """An ``averaged.safetensors`` of earlier checkpoints, and without ``validating`` a
+    ``best.safetensors`` an earlier validation chose, would shadow the newer weights of
+    ``step`` (``translate`` prefers them): renamed aside, not deleted."""
+    why = {"averaged": "it averaged older checkpoints (run xinda average again)",
+           "best": "an earlier validation chose it, and this run does not validate"}
+    for name in ("averaged",) if validating else ("averaged", "best"):
+        if (old := out / f"{name}.safetensors").is_file():
+            aside = old.with_name(f"{name}-before-step_{step:07d}.safetensors")
+            old.replace(aside)
+            log.warning("%s: renamed to %s: %s", old, aside.name, why[name])
 
 
 def check_splits(data_dir: Path, train: tuple, has_valid: bool, max_positions: int,

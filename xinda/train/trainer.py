@@ -46,7 +46,7 @@ from xinda.train.run_dir import (
     check_splits,
     checked_model,
     experiment_config,
-    retire_average,
+    retire_shadowing,
     warn_data_fit,
     warn_validation_settings,
     write_stats,
@@ -169,7 +169,8 @@ class Trainer:
             state["ranks"] = ranks  # {"world_size": W, "rng": [each rank's generators]}
         ckpt.save_checkpoint(self.out, self.progress.step, self.model, state,
                              self.cfg.train.keep_last, off_grid)
-        retire_average(self.out, self.progress.step)
+        retire_shadowing(self.out, self.progress.step,
+                         self.cfg.train.run_validation and self.has_valid)
 
     def save_unless_saved(self, off_grid: bool = False) -> None:
         """Checkpoint the current update unless the newest checkpoint already holds it."""
