@@ -61,6 +61,9 @@ def test_train_writes_a_self_contained_model_dir(trained, inputs, translated):
     model = trained.model_dir
     steps = trained.steps  # train.max_steps of the fixture's `xinda train`
     assert f"trained {steps} updates" in trained.result.stdout
+    # (max_seconds counts validation and checkpoints too: before, only the updates' time)
+    assert re.search(r"\d+ s of updates, \d+ s with validation and checkpoints\) -> ",
+                     trained.result.stdout)
     for name in ("config.yaml", "manifest.json", "spm.model", "log.csv", "curves.png",
                  "train_stats.json", "best.safetensors"):
         assert (model / name).is_file(), name

@@ -118,7 +118,8 @@ def train(config: Path, set_: SetOpt = None,
     progress = trainer.train(resume=resume)
     if trainer.ranks.is_main:  # under torchrun: once
         say(f"trained {progress.step} updates ({progress.tgt_tokens} target tokens, "
-            f"{progress.train_seconds:.0f} s) -> {cfg.train.out_dir}")
+            f"{progress.train_seconds:.0f} s of updates, {progress.wall_seconds:.0f} s with "
+            f"validation and checkpoints) -> {cfg.train.out_dir}")
 
 
 @command
