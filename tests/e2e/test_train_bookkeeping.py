@@ -112,12 +112,40 @@ def test_training_time_counts_each_epoch_s_checkpoint(prepared, tmp_path, monkey
     assert progress.epoch == 4 and progress.train_seconds >= 3 * 0.25
 
 
-def test_resuming_a_finished_run_validates_nothing_again(prepared, tmp_path):
-    """Before: each --resume of a run stopped inside an epoch added the same validation row."""
+def test_a_log_row_s_time_counts_its_own_update(prepared, tmp_path, monkeypatch):
+    """Before: elapsed_s was written before the row's last update was counted, one behind."""
+    import time
+
+    update = Trainer.update
+
+    def slow_update(trainer, group):
+        time.sleep(0.2)
+        return update(trainer, group)
+    monkeypatch.setattr(Trainer, "update", slow_update)
+    run(prepared, tmp_path, max_steps=2, run_validation="false")
+    elapsed = [float(r["elapsed_s"]) for r in rows(tmp_path)]
+    assert len(elapsed) == 2 and elapsed[0] >= 0.2 and elapsed[1] >= 0.4
+
+
+def test_resuming_a_finished_run_validates_nothing_again(prepared, tmp_path, caplog):
+    """Before: each --resume of a run stopped inside an epoch added the same validation row;
+    and a resume that trained nothing said "trained 3 updates" without a word."""
     run(prepared, tmp_path, max_steps=3)
     before = rows(tmp_path)
+    assert "nothing left to train" not in caplog.text
     run(prepared, tmp_path, resume=True, max_steps=3)
     assert rows(tmp_path) == before
+    assert ("--resume: nothing left to train: the run had reached train.max_steps 3 at update 3"
+            in caplog.text)
+    caplog.clear()
+    run(prepared, tmp_path, resume=True, max_steps=4)
+    assert "nothing left to train" not in caplog.text
+
+
+def test_a_resume_after_the_last_epoch_says_so(prepared, tmp_path, per_epoch, caplog):
+    run(prepared, tmp_path, max_epochs=1, run_validation="false")
+    run(prepared, tmp_path, resume=True, max_epochs=1, run_validation="false")
+    assert f"reached train.max_epochs 1 at update {per_epoch}" in caplog.text
 
 
 @pytest.mark.parametrize("first_by_bleu", [False, True])

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from xinda.config import ExperimentConfig
+from xinda.config import ExperimentConfig, TrainConfig
+
+log = logging.getLogger("xinda")
 
 
 @dataclass
@@ -91,3 +94,16 @@ def same_metric(saved: str, metric: str) -> bool:
     """Whether a best score saved under ``saved`` still counts under ``metric`` (a checkpoint
     from before the set was named, or before the settings were, names less)."""
     return saved in ("", metric, metric.split()[0], metric.split(ON_VALID)[0])
+
+
+def warn_nothing_left(tc: TrainConfig, p: Progress, resumed_at: int, wall_seconds: float) -> None:
+    """Say why a resumed run trained no update (its last line counts the run's updates)."""
+    if not resumed_at or p.step != resumed_at:
+        return
+    limits = [(tc.max_steps and p.step >= tc.max_steps, f"train.max_steps {tc.max_steps}"),
+              (tc.max_seconds and wall_seconds >= tc.max_seconds,
+               f"train.max_seconds {tc.max_seconds:g}"),
+              (tc.patience and p.bad_epochs >= tc.patience, f"train.patience {tc.patience}")]
+    why = next((name for reached, name in limits if reached), f"train.max_epochs {tc.max_epochs}")
+    log.warning("--resume: nothing left to train: the run had reached %s at update %d; raise "
+                "it with --set to train on", why, p.step)

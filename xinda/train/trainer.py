@@ -38,7 +38,7 @@ from xinda.models.registry import build_model
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact, settings_fingerprint
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
-from xinda.train.progress import Progress, beats, same_metric, validation_metric
+from xinda.train.progress import Progress, beats, same_metric, validation_metric, warn_nothing_left
 from xinda.train.run_dir import (
     apply_hyperparameters,
     check_batches_per_update,
@@ -123,8 +123,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the newest checkpoint: rank 0 reads it and sends it to the others."""
-        state = self.ranks.state_from_main(self.read_newest)
-        if state is None:
+        if (state := self.ranks.state_from_main(self.read_newest)) is None:
             return
         if state["optimizer"] is not None:  # None after `xinda grow`: fresh Adam moments
             self.optimizer.load_state_dict(state["optimizer"])
@@ -196,7 +195,7 @@ class Trainer:
         return progress
 
     def _train(self) -> Progress:
-        tc, p = self.cfg.train, self.progress
+        tc, p, resumed_at = self.cfg.train, self.progress, self.progress.step
         log.info("model %s: %s parameters, %s, %s", self.model_cfg.arch,
                  f"{self.model.num_parameters():,}", self.device, self.precision)
         if self.ranks.enabled:
@@ -225,6 +224,7 @@ class Trainer:
             self.save(off_grid=not (tc.save_every and p.step % tc.save_every == 0))
         self.save_unless_saved(off_grid=True)
         if self.ranks.is_main:
+            warn_nothing_left(tc, p, resumed_at, self.wall_seconds())
             write_stats(self.out, p, precision=self.precision, device=str(self.device),
                         parameters=self.model.num_parameters())
         return p
@@ -268,13 +268,13 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss / ntok:.3f}", tok_s=f"{ntok / seconds:.0f}",
                             lr=f"{self.lr:.2e}", refresh=False)
+            # the limits first: a checkpoint written after them records the time they saw
+            asked, limit = self.ranks.any(self.signals.received is not None, self.limit_reached())
+            p.train_seconds += time.perf_counter() - t0  # the update's wall clock (in its row)
             if p.step % tc.log_every == 0:
                 if self.ranks.is_main:
                     self.csv.write_window(p, self.lr)
                 window[:] = [0.0, 0.0, 0, 0.0]
-            # the limits first: a checkpoint written after them records the time they saw
-            asked, limit = self.ranks.any(self.signals.received is not None, self.limit_reached())
-            p.train_seconds += time.perf_counter() - t0  # the update's wall clock
             if tc.save_every and p.step % tc.save_every == 0:
                 with p.timed():  # (recorded in the next checkpoint)
                     self.save()  # and a signal that came meanwhile stops here, not an update on
@@ -391,9 +391,8 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Per-token validation loss/NLL and, with a ``valid_bleu`` scorer, BLEU."""
         self.model.eval()
-        src, tgt = load_split(self.data_dir, "valid")
-        scores = corpus_loss(self.model, (src, tgt), self.cfg.train.max_tokens,
-                             self.loss_setup, self.vocab)
+        scores = corpus_loss(self.model, load_split(self.data_dir, "valid"),
+                             self.cfg.train.max_tokens, self.loss_setup, self.vocab)
         if self.valid_bleu is not None:
             with torch.no_grad():  # (the scorer decodes in fp32)
                 scores["bleu"] = self.valid_bleu(self.model)
