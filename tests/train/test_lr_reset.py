@@ -81,10 +81,10 @@ def test_restarted_rates_by_hand():
     assert learning_rate(inv, 301 + 3 * WARM, D, [300]) == pytest.approx(5e-4)  # sqrt(1/4)
     step = TrainConfig(schedule="step", lr=1e-3, warmup_steps=0, decay_every=50,
                        decay_factor=0.5)
-    assert learning_rate(step, 1000, D) == pytest.approx(1e-3 * 0.5**20)
-    # as in a fresh run (update s runs at the rate of s - 0): update 999 = 49, 1000 = 50
-    assert learning_rate(step, 999, D, [950]) == pytest.approx(1e-3)
-    assert learning_rate(step, 1000, D, [950]) == pytest.approx(5e-4)  # the first decay again
+    assert learning_rate(step, 1000, D) == pytest.approx(1e-3 * 0.5**19)  # (999 // 50)
+    # as in a fresh run (update s runs at the rate of s - 950): 1000 = 50, the last at the peak
+    assert learning_rate(step, 1000, D, [950]) == pytest.approx(1e-3)
+    assert learning_rate(step, 1001, D, [950]) == pytest.approx(5e-4)  # the first decay again
 
 
 def test_a_constant_rate_stays_constant_across_a_growth():

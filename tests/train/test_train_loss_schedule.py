@@ -164,11 +164,20 @@ def test_noam_peaks_at_warmup():
     assert learning_rate(c, 3999, 512) < peak and learning_rate(c, 4001, 512) < peak
 
 
-@pytest.mark.parametrize(("step", "lr"), [(1, 1e-3), (999, 1e-3), (1000, 5e-4), (1999, 5e-4),
-                                          (2000, 2.5e-4), (3500, 1.25e-4)])
+@pytest.mark.parametrize(("step", "lr"), [(1, 1e-3), (1000, 1e-3), (1001, 5e-4), (2000, 5e-4),
+                                          (2001, 2.5e-4), (3500, 1.25e-4)])
 def test_step_decay_values(step, lr):
     c = cfg(schedule="step", lr=1e-3, warmup_steps=0, decay_every=1000, decay_factor=0.5)
     assert learning_rate(c, step, 512) == pytest.approx(lr, rel=1e-9)
+
+
+def test_step_decay_without_warmup_holds_the_peak_for_decay_every_updates():
+    """Before: warmup_steps 0 decayed at update 1000 of decay_every 1000 (999 updates at the
+    peak) and warmup_steps 1, also no warm-up, at update 1001."""
+    rates = [[learning_rate(cfg(schedule="step", lr=1e-3, warmup_steps=w, decay_every=10,
+                                decay_factor=0.5), s, 512) for s in range(1, 40)] for w in (0, 1)]
+    assert rates[0] == rates[1]
+    assert rates[0][:10] == [1e-3] * 10 and rates[0][10] == pytest.approx(5e-4)
 
 
 def test_step_decay_with_warmup_counts_its_decays_from_the_peak():

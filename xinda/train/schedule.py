@@ -28,7 +28,8 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
     - noam: lr * d^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani eq. 3, with ``lr`` as
       the scale factor);
     - step: a linear warm-up, then lr * decay_factor^((step - warmup) // decay_every): the
-      peak lr is reached at the end of the warm-up, and the decays count from there;
+      peak lr is reached at the end of the warm-up (update 1 without one) and held for
+      ``decay_every`` updates, and the decays count from there;
     - constant: lr after a linear warm-up.
 
     ``resets``: the update counts after which the model was grown (``xinda grow``). After the
@@ -50,7 +51,7 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
         if cfg.schedule == "inverse_sqrt":
             decay = math.sqrt(warm / step) if warm and step >= warm else 1.0
         elif cfg.schedule == "step":
-            decay = cfg.decay_factor ** (max(step - warm, 0) // cfg.decay_every)
+            decay = cfg.decay_factor ** (max(step - max(warm, 1), 0) // cfg.decay_every)
         else:
             decay = 1.0
         rate = cfg.lr * warmup * decay
