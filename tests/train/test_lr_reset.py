@@ -7,7 +7,7 @@ import pytest
 
 from xinda.config import TrainConfig
 from xinda.train.progress import Progress
-from xinda.train.schedule import learning_rate
+from xinda.train.schedule import learning_rate, warn_warmup
 
 D, WARM, SCALE = 64, 100, 2.0
 # By hand: scale * d^-0.5 = 2 / 8 = 0.25; noam's maximum, at step == warmup, 0.25 / 10.
@@ -105,3 +105,13 @@ def test_progress_records_resets_and_old_states_still_load():
     old_state = {"step": 60, "epoch": 6, "batch": 0, "tgt_tokens": 1000, "train_seconds": 3.0,
                  "best": 12.5, "bad_epochs": 0}  # saved before lr_resets existed
     assert Progress(**old_state).lr_resets == []
+
+
+def test_a_grown_run_is_not_warned_of_a_warm_up_it_skipped(caplog):
+    """Before: `xinda train --resume` of a grown run with max_steps below warmup_steps said the
+    rate stops at max_steps / warmup_steps of its peak; it had restarted at the peak."""
+    short = TrainConfig(lr=1e-3, warmup_steps=4000, max_steps=1000)
+    warn_warmup(short, [300])
+    assert "warmup_steps" not in caplog.text
+    warn_warmup(short, [])
+    assert "the learning rate stops at 0.25 of its peak" in caplog.text

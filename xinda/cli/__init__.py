@@ -110,10 +110,6 @@ def train(config: Path, set_: SetOpt = None,
     from xinda.train.trainer import Trainer
 
     cfg = validated(load_config(config, set_ or []), config, set_ or [])
-    if 0 < (steps := cfg.train.max_steps) < cfg.train.warmup_steps:
-        log.warning("train.warmup_steps %d is more than train.max_steps %d: the learning rate "
-                    "stops at %.3g of its peak", cfg.train.warmup_steps, steps,
-                    steps / cfg.train.warmup_steps)
     trainer = Trainer(cfg, valid_bleu=validation_bleu(cfg), config=config)
     progress = trainer.train(resume=resume)
     if trainer.ranks.is_main:  # under torchrun: once

@@ -58,6 +58,15 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int,
     return rate if step < warm else max(rate, cfg.min_lr)  # the floor holds after the warm-up
 
 
+def warn_warmup(cfg: TrainConfig, resets: Sequence[int]) -> None:
+    """Warn when ``max_steps`` ends the run inside its warm-up (not after a growth: the rate
+    restarted at its peak)."""
+    if 0 < cfg.max_steps < cfg.warmup_steps and not resets:
+        log.warning("train.warmup_steps %d is more than train.max_steps %d: the learning rate "
+                    "stops at %.3g of its peak", cfg.warmup_steps, cfg.max_steps,
+                    cfg.max_steps / cfg.warmup_steps)
+
+
 def noam_peak(cfg: TrainConfig, d_model: int) -> float:
     """The noam schedule's peak rate (Vaswani et al. 2017, eq. 3, at the warm-up's end)."""
     return cfg.lr * d_model**-0.5 * max(cfg.warmup_steps, 1) ** -0.5

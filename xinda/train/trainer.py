@@ -52,7 +52,7 @@ from xinda.train.run_dir import (
     write_stats,
 )
 from xinda.train.saved_state import checked_state
-from xinda.train.schedule import learning_rate, make_optimizer, optimizer_step, set_lr
+from xinda.train.schedule import learning_rate, make_optimizer, optimizer_step, set_lr, warn_warmup
 from xinda.train.signals import StopSignals
 from xinda.utils import atomic_path, os_errors_named
 
@@ -198,6 +198,7 @@ class Trainer:
         tc, p, resumed_at = self.cfg.train, self.progress, self.progress.step
         log.info("model %s: %s parameters, %s, %s", self.model_cfg.arch,
                  f"{self.model.num_parameters():,}", self.device, self.precision)
+        warn_warmup(tc, p.lr_resets)  # (a grown run restarted at the peak rate)
         if self.ranks.enabled:
             log.info("data-parallel: %d ranks; batch per update: that many x %d tokens x %d "
                      "(update_freq)", self.ranks.world, tc.max_tokens, tc.update_freq)
