@@ -125,6 +125,7 @@ def plot_curves(log_path: Path, png_path: Path, title: str = "") -> None:
         ax2 = ax.twinx()
         ax2.plot(*zip(*bleu), "s--", color="tab:green", label="valid BLEU")
         ax2.set_ylabel("BLEU")
+        ax2.set_ylim(0, max(1.0, 1.05 * max(b for _, b in bleu)))  # (all 0: not -0.05..0.05)
         ax2.legend(loc="upper center")
     if train or valid:
         ax.legend(loc="upper right")
