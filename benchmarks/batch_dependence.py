@@ -5,7 +5,8 @@ test sentences decoded each alone and all in one batch, beam search, one thread.
         [--source ../shared/data/multi30k/test2016.de] [--out docs/results/batch-dependence.json]
 
 int8 quantises a call's activations by the range of the whole batch (``xinda/models/
-quantize.py``), so one sentence's output may depend on its neighbours; fp32 and bf16 should
+quantize.py``), so one sentence's output may depend on its neighbours; "int8-row" (int8 with
+``decode.int8_scale: row``) scales each row by itself and should not; fp32 and bf16 should
 differ only where float rounding tips a choice. Prints and writes, per precision, the
 sentences whose output differs and their BLEU either way. Not a test.
 """
@@ -30,7 +31,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=SHARED / "multi30k" / "test2016.de")
     parser.add_argument("--sentences", type=int, default=100)
     parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--precisions", default="fp32,bf16,int8")
+    parser.add_argument("--precisions", default="fp32,bf16,int8,int8-row")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not args.source.is_file():
@@ -42,7 +43,8 @@ def main() -> None:
     translator = Translator.load(args.model)
     rows = []
     for precision in args.precisions.split(","):
-        options = {"beam": args.beam, "precision": precision}
+        options = {"beam": args.beam, "precision": precision.removesuffix("-row"),
+                   "int8_scale": "row" if precision.endswith("-row") else "batch"}
         batched = translator.translate_text(lines, batch_size=len(lines), **options)
         alone = [translator.translate_text([line], **options)[0] for line in lines]
         changed = [i + 1 for i, (a, b) in enumerate(zip(alone, batched)) if a != b]

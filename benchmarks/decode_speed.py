@@ -13,7 +13,8 @@ is kept, since the machine is shared. BLEU (sacrebleu, detokenised by the model'
 reported for each system; CTranslate2 divides scores by the length (length_penalty 1) where xinda
 uses GNMT's ((5 + |y|) / 6)^alpha, so their beam outputs can differ slightly. xinda ends a
 sentence's beam search after ``beam`` finished hypotheses (``decode.stop: beam``); the row
-"stop=best" ends it once a step's best candidate is finished, the rule CTranslate2 uses. With
+"stop=best" ends it once a step's best candidate is finished, the rule CTranslate2 uses; the row
+"int8_scale=row" quantises each row's activations by its own range (batch-independent). With
 ``--threads N`` > 1 the rows "workers=N" decode in N one-thread xinda processes, and
 "ctranslate2 int8 inter=N" in N one-thread CTranslate2 replicas (its ``inter_threads``). Writes
 ``decode_speed.{json,md}`` to ``--out-dir``. Not a test: it takes a few minutes.
@@ -44,14 +45,16 @@ Decode = Callable[[list[list[str]], int, int], list[list[str]]]  # pieces, beam,
 
 
 def xinda_decoder(translator: Translator, precision: str, stop: str = "beam",
-                  workers: int = 1) -> Decode:
+                  workers: int = 1, int8_scale: str = "batch") -> Decode:
     """xinda's own decoding of pieces at ``precision``, ending beams by the ``stop`` rule, in
-    this process (``workers`` 1) or in that many one-thread processes."""
+    this process (``workers`` 1) or in that many one-thread processes; int8 with activation
+    scales per batch or per row (``int8_scale``)."""
     def decode(sources: list[list[str]], beam: int, batch: int) -> list[list[str]]:
         lines = [" ".join(s) for s in sources]
         out = translator.translate(lines, input_format="pieces", output_format="pieces",
                                    beam=beam, batch_size=batch, precision=precision,
-                                   max_len_a=1.5, max_len_b=10, stop=stop, workers=workers)
+                                   max_len_a=1.5, max_len_b=10, stop=stop, workers=workers,
+                                   int8_scale=int8_scale)
         return [nbest[0].text.split() for nbest in out]
     return decode
 
@@ -113,6 +116,9 @@ def systems(translator: Translator, model_dir: Path, work: Path, threads: int
     """The decoders to compare; CTranslate2's only when it is installed."""
     found = {f"xinda {p}": xinda_decoder(translator, p) for p in ("fp32", "bf16", "int8")}
     found["xinda int8 stop=best"] = xinda_decoder(translator, "int8", "best")
+    # (a Translator of its own: each keeps one int8 copy, made again for another scale)
+    found["xinda int8 int8_scale=row"] = xinda_decoder(Translator.load(model_dir), "int8",
+                                                       int8_scale="row")
     if threads > 1:  # the same cores as processes of one thread each
         found[f"xinda int8 workers={threads}"] = xinda_decoder(translator, "int8",
                                                                workers=threads)

@@ -345,6 +345,25 @@ def _decoded_in(monkeypatch, log) -> None:
     monkeypatch.setattr(Translator, "_decode_batch", logged)
 
 
+def test_int8_with_per_row_scales_translates_a_line_alike_in_any_batch(translator):
+    """``decode.int8_scale: row``: each line's output and score, decoded alone, equal those
+    decoded in one batch with the others; the int8 copy is made again for another scale."""
+    from xinda.models.quantize import Int8Linear
+
+    rng = random.Random(2)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9))) for _ in range(12)]
+    tr = translator(TRANSFORMER, decode={"precision": "int8", "int8_scale": "row",
+                                         "max_len_a": 1.0, "max_len_b": 3})
+    together = [(t[0].text, t[0].score) for t in tr.translate(lines, beam=3)]
+    assert together == [(t[0].text, t[0].score) for line in lines
+                        for t in tr.translate([line], beam=3)]
+    def per_row() -> set[bool]:
+        return {m.per_row for m in tr._int8.modules() if isinstance(m, Int8Linear)}
+    assert per_row() == {True}
+    tr.translate(lines[:1], beam=3, int8_scale="batch")
+    assert per_row() == {False}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_workers_decode_the_same_batches_in_other_processes(translator, monkeypatch, tmp_path,
                                                             precision):

@@ -208,7 +208,8 @@ def test_translate_with_workers_writes_what_one_thread_writes(trained, xinda):
 @pytest.mark.parametrize(("option", "value", "setting"), [
     ("--beam", "0", "decode.beam"), ("--batch-size", "0", "decode.batch_size"),
     ("--alpha", "-1", "decode.alpha"), ("--precision", "fp8", "decode.precision"),
-    ("--stop", "first", "decode.stop"), ("--workers", "0", "decode.workers")])
+    ("--stop", "first", "decode.stop"), ("--workers", "0", "decode.workers"),
+    ("--int8-scale", "rows", "decode.int8_scale")])
 def test_bad_decode_options_are_one_line_errors(trained, xinda, one_line_error, option, value,
                                                 setting):
     proc = xinda("translate", trained.model_dir, option, value, input="five\n", ok=False)

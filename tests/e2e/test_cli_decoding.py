@@ -244,6 +244,16 @@ def test_int8_decoding_agrees_with_float32(trained, files):
     assert translator.translate_text(src, beam=3) == exact
 
 
+def test_int8_with_per_row_scales_decodes_each_line_as_if_alone(trained, files, xinda):
+    """``--int8-scale row``: batches of one line and of six give the same outputs and scores
+    (the default "batch" scales quantise a line by its batch's range)."""
+    folder, _ = files
+    runs = [translate(xinda, trained, folder, "--precision", "int8", "--int8-scale", "row",
+                      "--scores", "--beam", "3", "--batch-size", size).stdout
+            for size in ("1", "6")]
+    assert runs[0] == runs[1] and len(runs[0].splitlines()) == 6
+
+
 def test_a_bad_model_section_names_the_model_s_config_file(trained, xinda, tmp_path):
     """Before: "model.bogus: Extra inputs are not permitted", without the file: with
     --ensemble, no way to tell which model directory was wrong (found by review)."""

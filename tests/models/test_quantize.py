@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from xinda.errors import XindaError
 from xinda.models.quantize import INT8_MAX, Int8Linear, int8_supported, quantize_int8
 
 pytestmark = pytest.mark.skipif(not int8_supported(), reason="no CPU int8 engine in this build")
@@ -55,3 +56,42 @@ def test_tied_output_layer_gets_its_own_copy(make_model):
     quantized = quantize_int8(model)
     assert isinstance(quantized.output, Int8Linear)
     torch.testing.assert_close(quantized.tgt_embed.embed.weight, model.tgt_embed.embed.weight)
+
+
+def _rows_of_different_ranges() -> torch.Tensor:
+    torch.manual_seed(5)
+    x = torch.randn(6, 3, 64)
+    x[1:] *= 40  # the other sentences' activations range far wider than the first's
+    return x
+
+
+def test_per_row_scales_make_a_row_s_output_independent_of_its_batch():
+    """``scale="row"``: the first sentence's outputs are the same, bit for bit, alone and in a
+    batch; with one scale per call ("batch") the wide rows coarsen its quantisation."""
+    linear, x = nn.Linear(64, 48), _rows_of_different_ranges()
+    with torch.no_grad():
+        row, batch = Int8Linear(linear, "row"), Int8Linear(linear, "batch")
+        assert torch.equal(row(x[:1]), row(x)[:1])
+        assert not torch.equal(batch(x[:1]), batch(x)[:1])
+        exact = linear(x[:1])
+        error = {q: float((q(x)[:1] - exact).abs().max()) for q in (row, batch)}
+    assert error[row] < error[batch] / 4
+    assert error[row] / float(exact.abs().max()) < 0.03
+
+
+def test_per_row_scales_keep_the_bias_and_the_shape():
+    linear = nn.Linear(64, 48)
+    no_bias = nn.Linear(64, 48, bias=False)
+    no_bias.weight.data.copy_(linear.weight.data)
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        with_bias, without = Int8Linear(linear, "row"), Int8Linear(no_bias, "row")
+        assert with_bias(x).shape == (2, 5, 48) and without.bias is None
+        torch.testing.assert_close(with_bias.bias, linear.bias)
+        torch.testing.assert_close(with_bias(x) - without(x), linear.bias.expand(2, 5, 48))
+        assert torch.equal(without(torch.zeros(3, 64)), torch.zeros(3, 48))  # (no 0 / 0)
+
+
+def test_an_unknown_scale_is_named():
+    with pytest.raises(XindaError, match="int8 activation scale 'rows': use one of batch, row"):
+        quantize_int8(nn.Sequential(nn.Linear(4, 4)), "rows")

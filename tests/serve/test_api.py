@@ -42,7 +42,7 @@ def test_health_and_models(client):
     models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
     assert models["numbers"] == {"name": "numbers", "task": "translate", "arch": "transformer",
                                  "src_lang": "words", "tgt_lang": "digits",
-                                 "precision": "fp32", "sampling": False}
+                                 "precision": "fp32", "int8_scale": None, "sampling": False}
     assert models["couplet"]["task"] == "couplet" and models["poetry"]["task"] == "poetry"
 
 
@@ -621,6 +621,19 @@ def test_models_served_in_int8(served_model_dir, served_models):
     assert served_models["numbers"].info()["precision"] == "fp32"  # the others are untouched
     auto = load_models([served_model_dir], precision="auto")["numbers"].info()["precision"]
     assert auto in ("fp32", "bf16")  # what "auto" chose here (before: "auto")
+    assert served.info()["int8_scale"] == "batch"
+    assert served_models["numbers"].info()["int8_scale"] is None
+
+
+def test_models_served_in_int8_with_per_row_scales(served_model_dir):
+    """``xinda serve --precision int8 --int8-scale row``: a request's outputs do not depend
+    on the requests batched with it; the model says so."""
+    from xinda.models.quantize import Int8Linear
+
+    served = load_models([served_model_dir], "cpu", "int8", "row")["numbers"]
+    assert served.info()["int8_scale"] == "row"
+    assert {m.per_row for m in served.translator._int8.modules()
+            if isinstance(m, Int8Linear)} == {True}
 
 
 def test_served_models_decode_in_the_servers_process(served_model_dir, monkeypatch):

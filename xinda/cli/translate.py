@@ -86,6 +86,9 @@ def translate(
     alpha: Annotated[float | None, typer.Option(help="GNMT length penalty")] = None,
     coverage: Annotated[float | None, typer.Option(help="GNMT coverage penalty beta")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | int8 | auto")] = None,
+    int8_scale: Annotated[str | None, typer.Option(
+        help="int8 activation scales: batch (fastest; an output can change with the lines "
+             "batched with it) | row (it cannot)")] = None,
     stop: Annotated[str | None, typer.Option(
         help="end a beam after `beam` finished (beam) or once the best ended (best)")] = None,
     nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
@@ -159,8 +162,8 @@ def translate(
                                              input_format, prefix and str(prefix))
     search = {"beam": beam, "nbest": nbest, "coverage": coverage, "stop": stop}
     given = {"alpha": alpha, "batch_size": batch_size, "max_len_a": max_len_a,
-             "max_len_b": max_len_b, "precision": precision, "workers": workers, **search,
-             **sampler}
+             "max_len_b": max_len_b, "precision": precision, "int8_scale": int8_scale,
+             "workers": workers, **search, **sampler}
     overrides = _decode_overrides(set_ or [])
     options = {**overrides, **{k: v for k, v in given.items() if v is not None}}
     dec = translator.decode_settings(options)

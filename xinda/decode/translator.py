@@ -84,8 +84,8 @@ class Translator:
         self.src_text, self.tgt_text = vocabs.src_text, vocabs.tgt_text
         self.src_vocab, self.tgt_vocab = vocabs.src, vocabs.tgt
         self.device = next(model.parameters()).device
-        self._int8: Seq2SeqModel | None = None  # the int8 copy, made on first use
-        self._int8_made_from: tuple = ()  # the weights it was made from (see int8_model)
+        # the int8 copy, made on first use, and what it was made from (see int8_model)
+        self._int8, self._int8_made_from = None, ()
 
     @classmethod
     def load(cls, model_dir: str | Path, checkpoint: str | Path | None = None,
@@ -174,8 +174,7 @@ class Translator:
                                        sampling=sampling, generator=generator)
             return self._decode_batch([sources[i] for i in chunks[k]], dec, search)
 
-        # the longest batches first (no worker is left with a long one at the end); sampling
-        # draws from one generator, in batch order
+        # longest batches first (no worker ends on a long one); sampling: one generator, in order
         handed_out = range(len(chunks)) if sampling else range(len(chunks) - 1, -1, -1)
         decoded = map_in_workers(decode_chunk, handed_out, self._workers(dec, sampling))
         for k, chunk in enumerate(chunks):
@@ -216,7 +215,7 @@ class Translator:
             if self.device.type != "cpu":
                 raise XindaError(f"decode.workers > 1 runs on CPU, not {self.device.type}")
             if pick_precision(dec.precision, self.device) == "int8":
-                self.int8_model()
+                self.int8_model(dec.int8_scale)
         return dec.workers
 
     def translate_text(self, lines: list[str], **options) -> list[str]:
@@ -234,19 +233,20 @@ class Translator:
         if dec.keep_heap and self.device.type == "cpu":
             keep_freed_heap()
         precision = pick_precision(dec.precision, self.device)
-        model = self.int8_model() if precision == "int8" else self.model
+        model = self.int8_model(dec.int8_scale) if precision == "int8" else self.model
         with autocast(precision, self.device):
             return search(src, model)
 
-    def int8_model(self) -> Seq2SeqModel:
-        """The model with int8 linear layers (``decode.precision: int8``; CPU only)."""
+    def int8_model(self, scale: str | None = None) -> Seq2SeqModel:
+        """The int8 copy (``decode.precision: int8``; CPU only); default ``decode.int8_scale``."""
         if self.device.type != "cpu":
             raise XindaError(f"decode.precision int8 runs on CPU, not {self.device.type}")
+        scale = scale or self.cfg.decode.int8_scale
         # made again when the weights changed in place (load_weights, an optimizer step):
         # their version counters (writes through ``.data`` do not count them)
-        made_from = tuple((id(p), p._version, p.dtype) for p in self.model.parameters())
+        made_from = (scale, *((id(p), p._version, p.dtype) for p in self.model.parameters()))
         if self._int8 is None or self._int8_made_from != made_from:
-            self._int8, self._int8_made_from = quantize_int8(self.model), made_from
+            self._int8, self._int8_made_from = quantize_int8(self.model, scale), made_from
         return self._int8
 
     def _search(self, src: torch.Tensor, model: Seq2SeqModel, dec: DecodeConfig,

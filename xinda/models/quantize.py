@@ -5,6 +5,11 @@ activations are quantised per call from their own range (PyTorch's dynamic quant
 mapping r = S(q - Z) is Jacob et al. 2018, eq. 1, whose activation ranges are fixed in training
 instead), the product accumulates in int32 and is rescaled to float32. PyTorch's fbgemm kernels
 (x86 AVX2 / AVX-512 VNNI) do the matmul. Embeddings, attention and layer norms stay float32.
+
+``scale="batch"`` quantises a call's activations by the range of all its rows, so a sentence's
+output can change with the sentences batched beside it; ``"row"`` divides each row by its own
+max |x| first (and multiplies the product back), so every row is quantised alike whatever the
+others hold (CTranslate2's per-row scales), at the cost of a few element-wise operations.
 """
 
 from __future__ import annotations
@@ -18,22 +23,33 @@ from torch import Tensor, nn
 from xinda.errors import XindaError
 
 INT8_MAX = 127
+SCALES = ("batch", "row")  # what quantises the activations: the call's range, or each row's
 
 
 class Int8Linear(nn.Module):
-    """y = dequant(quant(x) @ quant(W)^T) + b, with W quantised per output row."""
+    """y = dequant(quant(x) @ quant(W)^T) + b, with W quantised per output row and x by the
+    range of the call (``scale="batch"``) or of each row (``"row"``, see the module's doc)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, scale: str = "batch"):
         super().__init__()
+        if scale not in SCALES:
+            raise XindaError(f"int8 activation scale {scale!r}: use one of {', '.join(SCALES)}")
         weight = linear.weight.detach().float()
-        scale = (weight.abs().amax(dim=1) / INT8_MAX).clamp(min=1e-8).double()
+        row_scale = (weight.abs().amax(dim=1) / INT8_MAX).clamp(min=1e-8).double()
         zero = torch.zeros(weight.size(0), dtype=torch.long)
         bias = None if linear.bias is None else linear.bias.detach().float()
+        self.per_row = scale == "row"
         with warnings.catch_warnings():  # the quantized-tensor constructors warn on 2.x
             warnings.simplefilter("ignore")
-            qweight = torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8)
-            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+            qweight = torch.quantize_per_channel(weight, row_scale, zero, 0, torch.qint8)
+            # per row the bias is added after the rows' scales are multiplied back
+            self._packed = torch.ops.quantized.linear_prepack(
+                qweight, None if self.per_row else bias)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._row_bias = bias if self.per_row else None
+        # a row holding +1 and -1: with each row scaled into [-1, 1], every call's range
+        self._ends = torch.zeros(1, self.in_features)
+        self._ends[0, 0], self._ends[0, -1] = 1.0, -1.0
         self._float: tuple[Tensor, Tensor | None] | None = None
 
     @property
@@ -48,15 +64,23 @@ class Int8Linear(nn.Module):
     def _dequantised(self) -> tuple[Tensor, Tensor | None]:
         if self._float is None:
             qweight, bias = torch.ops.quantized.linear_unpack(self._packed)
-            self._float = (qweight.dequantize(), bias)
+            self._float = (qweight.dequantize(), self._row_bias if self.per_row else bias)
         return self._float
 
     def forward(self, x: Tensor) -> Tensor:
         # reduce_range: 7-bit activations, so the int16 pair sums of VNNI cannot overflow
-        return torch.ops.quantized.linear_dynamic(x.float(), self._packed, True)
+        if not self.per_row:
+            return torch.ops.quantized.linear_dynamic(x.float(), self._packed, True)
+        rows = x.reshape(-1, self.in_features).float()
+        peak = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_(1e-30)
+        scaled = torch.cat([rows / peak, self._ends])  # W (x / m) m = W x
+        y = torch.ops.quantized.linear_dynamic(scaled, self._packed, True)[:-1]
+        y = y * peak if self._row_bias is None else torch.addcmul(self._row_bias, y, peak)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        per = ", per-row activation scales" if self.per_row else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8{per}"
 
 
 def int8_supported() -> bool:
@@ -65,14 +89,15 @@ def int8_supported() -> bool:
                                                                          "qnnpack"))
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
+def quantize_int8(model: nn.Module, scale: str = "batch") -> nn.Module:
     """A copy of ``model`` for CPU inference with every ``nn.Linear`` in int8 (tied weights
-    are copied: the embedding stays float32, the output layer gets its own int8 copy)."""
+    are copied: the embedding stays float32, the output layer gets its own int8 copy);
+    ``scale``: the activations' (``SCALES``, see the module's doc)."""
     if not int8_supported():
         raise XindaError("decode.precision int8: this PyTorch build has no CPU int8 engine")
     quantized = copy.deepcopy(model).cpu().float().eval()  # (a bf16 model's norms too)
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child))
+                setattr(parent, name, Int8Linear(child, scale))
     return quantized

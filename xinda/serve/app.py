@@ -359,7 +359,7 @@ def add_page(app: FastAPI) -> None:
 
 
 def run_server(model_dirs: Sequence[Path], settings: ServeSettings, device: str = "cpu",
-               precision: str | None = None) -> None:
+               precision: str | None = None, int8_scale: str | None = None) -> None:
     """Serve ``model_dirs`` until SIGTERM/SIGINT; requests in flight then finish."""
     import uvicorn
 
@@ -367,7 +367,7 @@ def run_server(model_dirs: Sequence[Path], settings: ServeSettings, device: str 
         raise XindaError(f"serving on {settings.host} needs --api-key (or XINDA_API_KEY); "
                          f"without one only {', '.join(LOOPBACK)} are allowed")
     check_address(settings.host, settings.port)
-    app = create_app(load_models(model_dirs, device, precision), settings)
+    app = create_app(load_models(model_dirs, device, precision, int8_scale), settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
                 timeout_graceful_shutdown=int(settings.timeout_s) + 5)
 

@@ -58,6 +58,10 @@ def serve(
     threads: Annotated[int, typer.Option(help="torch threads (0 = default)")] = 0,
     precision: Annotated[str | None, typer.Option(
         help="fp32 | bf16 | int8 | auto (default: each model's decode.precision)")] = None,
+    int8_scale: Annotated[str | None, typer.Option(
+        help="int8 activation scales: batch (fastest; an output can change with the requests "
+             "batched with it) | row (it cannot) (default: each model's decode.int8_scale)")
+        ] = None,
 ) -> None:
     """Serve trained models over HTTP (REST API, batching across requests, web page at /)."""
     from pydantic import ValidationError
@@ -77,4 +81,4 @@ def serve(
         raise XindaError(format_validation_error(err, "xinda serve")) from None
     set_threads(threads)
     check_device(device)
-    run_server(model_dirs, settings, device, precision)
+    run_server(model_dirs, settings, device, precision, int8_scale)

@@ -28,18 +28,20 @@ class ServedModel:
 
     def info(self) -> dict:
         """The model's entry in GET /v1/models."""
-        data = self.translator.cfg.data
+        data, dec = self.translator.cfg.data, self.translator.cfg.decode
+        precision = pick_precision(dec.precision, self.translator.device)  # (auto resolved)
         return {"name": self.name, "task": self.task, "arch": self.arch,
-                "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
-                "precision": pick_precision(self.translator.cfg.decode.precision,  # not auto
-                                            self.translator.device),
-                "sampling": self.translator.cfg.decode.sampling}
+                "src_lang": data.src_lang, "tgt_lang": data.tgt_lang, "precision": precision,
+                "int8_scale": dec.int8_scale if precision == "int8" else None,
+                "sampling": dec.sampling}
 
 
 def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",
-                precision: str | None = None) -> dict[str, ServedModel]:
+                precision: str | None = None, int8_scale: str | None = None
+                ) -> dict[str, ServedModel]:
     """Load each trained model directory, named by its directory name (names must differ);
-    ``precision`` replaces the models' ``decode.precision`` (int8: quantised now, once)."""
+    ``precision`` and ``int8_scale`` replace the models' ``decode`` settings (int8: quantised
+    now, once)."""
     models: dict[str, ServedModel] = {}
     for model_dir in map(Path, model_dirs):
         name = Path(os.path.abspath(model_dir)).name  # "." named; a link by its own name
@@ -51,9 +53,10 @@ def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",
         translator = Translator.load(model_dir, device=device)
         # one process: the server's worker thread batches the requests (forking a threaded
         # server for decode.workers is not safe)
+        given = {"precision": precision, "int8_scale": int8_scale}
         translator.cfg = translator.cfg.model_copy(update={"decode": translator.decode_settings(
-            {"workers": 1, **({"precision": precision} if precision else {})})})
-        if precision == "int8":
+            {"workers": 1, **{k: v for k, v in given.items() if v}})})
+        if pick_precision(translator.cfg.decode.precision, translator.device) == "int8":
             translator.int8_model()
         models[name] = ServedModel.of(name, translator)
     if not models:
