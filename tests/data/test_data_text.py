@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from xinda.data import text as text_module
+from xinda.data import moses, text
 from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
 
 
@@ -49,6 +49,12 @@ from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
         # before: "& amp;", "Jackson& apos; s" (IWSLT's text holds entities; found by review)
         ("en", "Tom &amp; Jerry said &quot;hi&quot;; it&apos;s Jackson&apos;s &#39;x&#39;."),
         ("en", "I ❤️ NY 👍🏽 with 👨\u200d👩\u200d👧, 🇩🇪 🇫🇷 and 🇩🇪🇫🇷; press 1️⃣ or #️⃣!"),
+        # before: "says' free dinner '", "Jackson's' Thriller 'video", "'Quoted 'at" (sacremoses
+        # joined a ' after a word in s to it; 4 lines of Multi30k's train.en)
+        ("en", "A sign that says 'free dinner' and Michael Jackson's 'Thriller' video."),
+        ("en", "'Quoted' at the start of the girls' school."),
+        ("en", "The boss's 'idea', James' car and 'the thing'."),
+        ("de", "Das ist Hans' Auto und 'so' geht es."),
     ],
 )
 def test_moses_round_trip(lang, line):
@@ -80,7 +86,7 @@ def test_protected_patterns_match_only_from_the_start_of_a_run(name, run, rest):
     """A match from inside a run of letters or digits would end where the run's own ends, and
     searching from every character of a run was quadratic in its length (a line of 16,000
     letters took 20 s to pre-tokenise; found by review): the patterns start at a run's start."""
-    pattern = getattr(text_module, name)
+    pattern = getattr(text if name.startswith("_JIEBA") else moses, name)
     pattern = re.compile(pattern, re.IGNORECASE) if isinstance(pattern, str) else pattern
     assert pattern.match(run + rest).group() == run + rest
     assert [pattern.match(run + rest, start) for start in range(1, len(run))] == \
@@ -91,7 +97,7 @@ def test_a_list_of_decimals_is_searched_from_its_start_only():
     """Before: each number after a "." or "," of "0.5,1.5,..." started a match to the list's
     end (found by review: a 29 kB line took 10 s to pre-tokenise, quadratic in its length).
     Only the last number's own word may start a match inside the list: "5/x"."""
-    pattern = re.compile(text_module._MOSES_KEEP_IN_WORD)
+    pattern = re.compile(moses._MOSES_KEEP_IN_WORD)
     numbers = ",".join(f"{i}.5" for i in range(1, 6))
     line = f"{numbers}/x"
     assert pattern.match(line).group() == line
@@ -172,6 +178,8 @@ def test_jieba_round_trip(line):
     (False, '他说："你好"吗？1, 2, 3 and 1,000 at 10:30.'),  # before: "1,2,3"
     # before: "C#and C++daily", "costs$5 or€4" (found by review)
     (False, "他说：“I use C# and C++ daily, it costs $5 or €4 now.”"),
+    # before: "girls 'school", "4 'wide" (a lone ' opened)
+    (False, "她在“girls' school”读书。"), (False, "它有4' wide and 'OK'."),
 ])
 def test_jieba_round_trip_of_quotes_and_full_stops(lowercase, line):
     pipe = TextPipeline("NFKC", lowercase, "jieba", "zh")
