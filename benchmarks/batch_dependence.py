@@ -6,8 +6,8 @@ test sentences decoded each alone and all in one batch, beam search, one thread.
 
 int8 quantises a call's activations by the range of the whole batch (``xinda/models/
 quantize.py``), so one sentence's output may depend on its neighbours; "int8-row" (int8 with
-``decode.int8_scale: row``) scales each row by itself and should not; fp32 and bf16 should
-differ only where float rounding tips a choice. Prints and writes, per precision, the
+``decode.int8_scale: row``) scales each row by itself, so only float rounding that depends on
+the padding (as in fp32 and bf16) can tip a choice. Prints and writes, per precision, the
 sentences whose output differs and their BLEU either way. Not a test.
 """
 

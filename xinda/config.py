@@ -246,8 +246,9 @@ class DecodeConfig(Strict):
     stop: Literal["beam", "best"] = "beam"
     # auto: bf16 where it is fast; int8: dynamic int8 linear layers on CPU (xinda.models.quantize)
     precision: Literal["fp32", "bf16", "int8", "auto"] = "fp32"
-    # int8 activations quantised by the range of the whole batch (fastest; a sentence's output
-    # can change with its batch mates) or of each row (the same output whatever the batch)
+    # whenever precision is int8: activations quantised by the range of the whole batch
+    # (fastest; an output can change with its batch mates) or of each row (about 1.4x slower;
+    # not by the batch mates' ranges: xinda.models.quantize)
     int8_scale: Literal["batch", "row"] = "batch"
     # glibc, on CPU: keep freed memory in the heap for the next step's tensors instead of
     # faulting it in again from the OS (xinda.device.keep_freed_heap; beam 5 ~10 % faster);

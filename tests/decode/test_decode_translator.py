@@ -347,7 +347,9 @@ def _decoded_in(monkeypatch, log) -> None:
 
 def test_int8_with_per_row_scales_translates_a_line_alike_in_any_batch(translator):
     """``decode.int8_scale: row``: each line's output and score, decoded alone, equal those
-    decoded in one batch with the others; the int8 copy is made again for another scale."""
+    decoded in one batch with the others (on this small model; padding's float rounding can
+    move a score of a larger one by a quantisation step); the int8 copy is made again for
+    another scale. With "batch" scales the scores differ."""
     from xinda.models.quantize import Int8Linear
 
     rng = random.Random(2)
@@ -355,8 +357,9 @@ def test_int8_with_per_row_scales_translates_a_line_alike_in_any_batch(translato
     tr = translator(TRANSFORMER, decode={"precision": "int8", "int8_scale": "row",
                                          "max_len_a": 1.0, "max_len_b": 3})
     together = [(t[0].text, t[0].score) for t in tr.translate(lines, beam=3)]
-    assert together == [(t[0].text, t[0].score) for line in lines
-                        for t in tr.translate([line], beam=3)]
+    alone = [(t[0].text, t[0].score) for line in lines for t in tr.translate([line], beam=3)]
+    assert [text for text, _ in together] == [text for text, _ in alone]
+    assert [score for _, score in together] == pytest.approx([s for _, s in alone], abs=1e-4)
     def per_row() -> set[bool]:
         return {m.per_row for m in tr._int8.modules() if isinstance(m, Int8Linear)}
     assert per_row() == {True}

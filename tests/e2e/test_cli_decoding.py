@@ -244,14 +244,18 @@ def test_int8_decoding_agrees_with_float32(trained, files):
     assert translator.translate_text(src, beam=3) == exact
 
 
-def test_int8_with_per_row_scales_decodes_each_line_as_if_alone(trained, files, xinda):
-    """``--int8-scale row``: batches of one line and of six give the same outputs and scores
-    (the default "batch" scales quantise a line by its batch's range)."""
+def test_int8_with_per_row_scales_decodes_each_line_as_if_alone(trained, files, xinda,
+                                                                 one_line_error):
+    """``--int8-scale row``: batches of one line and of six give the same outputs (the
+    default "batch" scales quantise a line by its batch's range); without int8 the option is
+    refused, not ignored."""
     folder, _ = files
     runs = [translate(xinda, trained, folder, "--precision", "int8", "--int8-scale", "row",
-                      "--scores", "--beam", "3", "--batch-size", size).stdout
-            for size in ("1", "6")]
+                      "--beam", "3", "--batch-size", size).stdout for size in ("1", "6")]
     assert runs[0] == runs[1] and len(runs[0].splitlines()) == 6
+    proc = translate(xinda, trained, folder, "--int8-scale", "row", ok=False)
+    one_line_error(proc, "--int8-scale: used only with --precision int8 (decode.precision is "
+                         "fp32)")
 
 
 def test_a_bad_model_section_names_the_model_s_config_file(trained, xinda, tmp_path):

@@ -111,6 +111,7 @@ def test_resume_continues_with_the_lr_at_its_peak(grown, xinda):
                  f"train.max_steps={total}")
     assert f"trained {total} updates" in proc.stdout
     assert "fresh optimizer" in proc.stderr
+    assert "warmup_steps" not in proc.stderr  # restarted at its peak: no warm-up cut short
     assert list_checkpoints(deep)[-1].name == f"step_{total:07d}.safetensors"
     logged = {int(r["step"]): float(r["lr"]) for r in rows(deep)}
     assert sorted(logged) == list(range(1, total + 1))  # the step counter continued

@@ -145,7 +145,16 @@ def test_resuming_a_finished_run_validates_nothing_again(prepared, tmp_path, cap
 def test_a_resume_after_the_last_epoch_says_so(prepared, tmp_path, per_epoch, caplog):
     run(prepared, tmp_path, max_epochs=1, run_validation="false")
     run(prepared, tmp_path, resume=True, max_epochs=1, run_validation="false")
-    assert f"reached train.max_epochs 1 at update {per_epoch}" in caplog.text
+    assert f"reached train.max_epochs 1 at update {per_epoch}; raise it" in caplog.text
+
+
+def test_a_resume_names_every_limit_reached(prepared, tmp_path, per_epoch, caplog):
+    """Raising one of two limits reached together trains nothing (found by review)."""
+    run(prepared, tmp_path, max_epochs=1, max_steps=per_epoch, run_validation="false")
+    run(prepared, tmp_path, resume=True, max_epochs=1, max_steps=per_epoch,
+        run_validation="false")
+    assert (f"reached train.max_steps {per_epoch} and train.max_epochs 1 at update "
+            f"{per_epoch}; raise them") in caplog.text
 
 
 @pytest.mark.parametrize("first_by_bleu", [False, True])

@@ -95,3 +95,12 @@ def test_per_row_scales_keep_the_bias_and_the_shape():
 def test_an_unknown_scale_is_named():
     with pytest.raises(XindaError, match="int8 activation scale 'rows': use one of batch, row"):
         quantize_int8(nn.Sequential(nn.Linear(4, 4)), "rows")
+
+
+def test_per_row_scales_of_a_one_feature_layer():
+    """(One row cannot hold both +1 and -1 of the fixed range: two rows do.)"""
+    linear, x = nn.Linear(1, 3), torch.tensor([[0.5], [-40.0], [3.0]])
+    with torch.no_grad():
+        row = Int8Linear(linear, "row")
+        assert torch.equal(row(x[:1]), row(x)[:1])
+        torch.testing.assert_close(row(x), linear(x), rtol=0.02, atol=0.02)

@@ -634,6 +634,8 @@ def test_models_served_in_int8_with_per_row_scales(served_model_dir):
     assert served.info()["int8_scale"] == "row"
     assert {m.per_row for m in served.translator._int8.modules()
             if isinstance(m, Int8Linear)} == {True}
+    with pytest.raises(XindaError, match="--int8-scale: used only with int8 decoding"):
+        load_models([served_model_dir], "cpu", None, "row")  # (an fp32 model: refused)
 
 
 def test_served_models_decode_in_the_servers_process(served_model_dir, monkeypatch):

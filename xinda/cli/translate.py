@@ -88,7 +88,7 @@ def translate(
     precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | int8 | auto")] = None,
     int8_scale: Annotated[str | None, typer.Option(
         help="int8 activation scales: batch (fastest; an output can change with the lines "
-             "batched with it) | row (it cannot)")] = None,
+             "batched with it) | row (not by their ranges; ~1.4x slower)")] = None,
     stop: Annotated[str | None, typer.Option(
         help="end a beam after `beam` finished (beam) or once the best ended (best)")] = None,
     nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
@@ -178,6 +178,9 @@ def translate(
             ) and not dec.sampling:  # (before: the Python API's 'need sampling=True')
         raise XindaError(f"--set {', '.join(drawn)}: sampling settings, not used by beam "
                          "search: add --sampling (or decode.sampling=true)")
+    if int8_scale and dec.precision != "int8":
+        raise XindaError(f"--int8-scale: used only with --precision int8 (decode.precision is "
+                         f"{dec.precision})")
     start = time.perf_counter()
     results = translator.translate(lines, input_format=input_format, output_format=output_format,
                                    need_attention=attention_plot is not None,

@@ -61,4 +61,7 @@ def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",
         models[name] = ServedModel.of(name, translator)
     if not models:
         raise XindaError("no model directory given")
+    if int8_scale and not any(m.info()["precision"] == "int8" for m in models.values()):
+        raise XindaError("--int8-scale: used only with int8 decoding (--precision int8, or a "
+                         "model's decode.precision int8), and no model decodes in int8")
     return models

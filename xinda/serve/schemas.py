@@ -144,7 +144,7 @@ class ModelInfo(BaseModel):
     tgt_lang: str
     precision: str  # the decoding precision: fp32 | bf16 | int8 (auto resolved)
     # int8: its activations' scales, "batch" (an output can change with the requests batched
-    # with it) or "row" (it cannot); None for the other precisions
+    # with it) or "row" (not by their ranges); None for the other precisions
     int8_scale: str | None = None
     sampling: bool  # its outputs are samples (decode.sampling): beam and n_best do not apply
 

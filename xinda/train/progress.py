@@ -96,14 +96,18 @@ def same_metric(saved: str, metric: str) -> bool:
     return saved in ("", metric, metric.split()[0], metric.split(ON_VALID)[0])
 
 
-def warn_nothing_left(tc: TrainConfig, p: Progress, resumed_at: int, wall_seconds: float) -> None:
-    """Say why a resumed run trained no update (its last line counts the run's updates)."""
+def warn_nothing_left(tc: TrainConfig, p: Progress, resumed_at: int, wall_seconds: float,
+                      stopped_early: bool) -> None:
+    """Say which limits a resumed run that trained no update had reached, every one of them
+    (raising one alone would train nothing). Its last line counts the run's updates."""
     if not resumed_at or p.step != resumed_at:
         return
     limits = [(tc.max_steps and p.step >= tc.max_steps, f"train.max_steps {tc.max_steps}"),
               (tc.max_seconds and wall_seconds >= tc.max_seconds,
                f"train.max_seconds {tc.max_seconds:g}"),
-              (tc.patience and p.bad_epochs >= tc.patience, f"train.patience {tc.patience}")]
-    why = next((name for reached, name in limits if reached), f"train.max_epochs {tc.max_epochs}")
+              (stopped_early, f"train.patience {tc.patience} (early stopping)"),
+              (p.epoch > tc.max_epochs, f"train.max_epochs {tc.max_epochs}")]
+    reached = [name for hit, name in limits if hit] or ["its limits"]
     log.warning("--resume: nothing left to train: the run had reached %s at update %d; raise "
-                "it with --set to train on", why, p.step)
+                "%s with --set to train on", " and ".join(reached), p.step,
+                "it" if len(reached) == 1 else "them")

@@ -225,7 +225,7 @@ class Trainer:
             self.save(off_grid=not (tc.save_every and p.step % tc.save_every == 0))
         self.save_unless_saved(off_grid=True)
         if self.ranks.is_main:
-            warn_nothing_left(tc, p, resumed_at, self.wall_seconds())
+            warn_nothing_left(tc, p, resumed_at, self.wall_seconds(), self.stopped_early())
             write_stats(self.out, p, precision=self.precision, device=str(self.device),
                         parameters=self.model.num_parameters())
         return p
