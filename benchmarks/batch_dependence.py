@@ -2,7 +2,7 @@
 test sentences decoded each alone and all in one batch, beam search, one thread.
 
     python benchmarks/batch_dependence.py --model MODEL_DIR [--sentences 100] [--beam 5]
-        [--source ../shared/data/multi30k/test2016.de] [--out docs/results/batch-dependence.json]
+        [--source FILE] [--out docs/results/batch-dependence.json]
 
 int8 quantises a call's activations by the range of the whole batch (``xinda/models/
 quantize.py``), so one sentence's output may depend on its neighbours; "int8-row" (int8 with
@@ -28,19 +28,21 @@ from xinda.decode.translator import Translator
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--source", type=Path, default=SHARED / "multi30k" / "test2016.de")
+    parser.add_argument("--source", type=Path,
+                        help="default: Multi30k's test2016 in the model's source language")
     parser.add_argument("--sentences", type=int, default=100)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--precisions", default="fp32,bf16,int8,int8-row")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if not args.source.is_file():
-        sys.exit(f"skipped: {args.source} is missing (the Multi30k test set of ../shared/data)")
     if not (args.model / "config.yaml").is_file():
         sys.exit(f"{args.model}: not a trained model directory (no config.yaml)")
     torch.set_num_threads(1)
-    lines = args.source.read_text(encoding="utf-8").splitlines()[:args.sentences]
     translator = Translator.load(args.model)
+    source = args.source or SHARED / "multi30k" / f"test2016.{translator.cfg.data.src_lang}"
+    if not source.is_file():
+        sys.exit(f"skipped: {source} is missing (the Multi30k test set of ../shared/data)")
+    lines = source.read_text(encoding="utf-8").splitlines()[:args.sentences]
     rows = []
     for precision in args.precisions.split(","):
         options = {"beam": args.beam, "precision": precision.removesuffix("-row"),
@@ -54,7 +56,7 @@ def main() -> None:
                          alone, [batched]).score, 2)})
         print(f"{precision}: {len(changed)} of {len(lines)} outputs differ alone vs batched "
               f"(lines {changed[:20]}{' ...' if len(changed) > 20 else ''})", flush=True)
-    result = {"model": str(args.model), "source": str(args.source), "beam": args.beam,
+    result = {"model": str(args.model), "source": str(source), "beam": args.beam,
               "threads": 1, "torch": torch.__version__, "rows": rows}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -216,14 +216,19 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     args = parser.parse_args()
     test = SHARED / "multi30k" / "test2016"
-    if not test.with_suffix(".en").exists() or not (args.model / "config.yaml").exists():
-        sys.exit(f"skipped: needs {test}.en and a trained model in {args.model}; train the "
-                 f"default one (from {ROOT}) with:\n  {SERVE_MODEL_HINT}")
+    if not (args.model / "config.yaml").exists():
+        sys.exit(f"skipped: needs a trained model in {args.model}; train the default one "
+                 f"(from {ROOT}) with:\n  {SERVE_MODEL_HINT}")
     torch.set_num_threads(args.threads)
     translator = Translator.load(args.model)
+    data = translator.cfg.data  # (the model's direction: before, always en -> de)
+    source, reference = (test.with_suffix(f".{lang}") for lang in (data.src_lang, data.tgt_lang))
+    if not (source.exists() and reference.exists()):
+        sys.exit(f"skipped: needs {source} and {reference} (Multi30k's test set in the model's "
+                 "languages)")
     keep = slice(0, args.sentences or None)
-    lines = test.with_suffix(".en").read_text(encoding="utf-8").splitlines()[keep]
-    refs = test.with_suffix(".de").read_text(encoding="utf-8").splitlines()[keep]
+    lines = source.read_text(encoding="utf-8").splitlines()[keep]
+    refs = reference.read_text(encoding="utf-8").splitlines()[keep]
     sources = [translator.src_vocab.ids_to_pieces(translator.source_ids(line, False))
                for line in lines]
 
@@ -234,7 +239,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         found = systems(translator, args.model, Path(work), args.threads)
         rows = measure(found, sources, refs, detok, args.repeats, args.latency)
-    meta = {"model": str(args.model), "sentences": len(sources), "threads": args.threads,
+    meta = {"model": str(args.model), "direction": f"{data.src_lang}-{data.tgt_lang}",
+            "sentences": len(sources), "threads": args.threads,
             "repeats": args.repeats, "batch": BATCH, "beam": BEAM,
             "torch": torch.__version__}
     report(rows, meta, args.out_dir)

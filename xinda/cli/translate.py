@@ -91,8 +91,9 @@ def translate(
              "batched with it) | row (not by their ranges; ~1.4x slower)")] = None,
     stop: Annotated[str | None, typer.Option(
         help="end a beam after `beam` finished (beam) or once the best ended (best)")] = None,
-    nbest: Annotated[int | None, typer.Option(help="write the n best: 'i ||| text ||| score'")
-                     ] = None,
+    nbest: Annotated[int | None, typer.Option(
+        help="write the n best: 'i ||| text ||| score' (a beam below n is widened to n)")
+        ] = None,
     batch_size: Annotated[int | None, typer.Option(help="sentences per batch")] = None,
     max_len_a: Annotated[float | None, typer.Option(
         help="output length limit a * source tokens + b (both counting the end token): a"

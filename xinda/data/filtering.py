@@ -116,3 +116,26 @@ def check_not_all_filtered(prefix: str, report: dict) -> None:
             f"{prefix}: all {report['read']} training pairs were removed by filtering "
             f"({dropped_counts(report)}; see data.max_len, data.max_len_ratio, data.ratio_min_len)"
         )
+
+
+HEAVY_DROP = 0.05  # length filters dropping more of the training pairs than this: a warning
+FEW_PIECES = 3.0  # pieces per kept line below which a side reads as whole sentences as pieces
+
+
+def heavy_drop_warning(report: dict, stats: dict) -> str | None:
+    """A warning when the length filters dropped over ``HEAVY_DROP`` of the training pairs;
+    it names a side whose kept lines average under ``FEW_PIECES`` pieces: with pretok none,
+    sentencepiece fills a large vocabulary with whole sentences of an unspaced language (5000
+    Tatoeba zh-en pairs at vocab_size 32000: 63 % dropped, 2.4 Chinese pieces per line)."""
+    dropped = report["dropped"]["length_ratio"] + report["dropped"]["too_long"]
+    if dropped <= HEAVY_DROP * report["read"]:
+        return None
+    per_line = {side: stats[f"{side}_tokens"] / max(stats["pairs"], 1) for side in ("src", "tgt")}
+    few = [f"{side} ({n:.1f} pieces per kept line)" for side, n in per_line.items()
+           if n < FEW_PIECES]
+    why = (f": its {' and '.join(few)} looks like whole sentences made pieces; pre-tokenise "
+           "that side (data.pretok_src / pretok_tgt: jieba or char for Chinese) or lower "
+           "data.vocab_size" if few else
+           ": see data.max_len, data.max_len_ratio and data.ratio_min_len")
+    return (f"warning: the length filters dropped {dropped} of {report['read']} training pairs "
+            f"({dropped / max(report['read'], 1):.0%}){why}")

@@ -63,6 +63,7 @@ from xinda.data.filtering import (
     DROPPED_FILE,
     filter_train,  # noqa: F401 - re-exported for callers
     format_report,
+    heavy_drop_warning,
     truncated_note,
 )
 from xinda.data.lock import locked
@@ -332,6 +333,8 @@ def _build(cfg: DataConfig, pipes: dict[str, TextPipeline], raw: dict[str, Pair]
     vocabs = {side: Vocab(stage / spm_files[side]) for side in SIDES}
     vocab_sizes = _check_vocab_sizes(cfg, spm_files, vocabs, log)
     log(format_report("train", filter_report))
+    if warning := heavy_drop_warning(filter_report, train_stats):
+        log(warning)
     splits = {"train": train_stats}
     for split, pair in raw.items():
         splits[split] = _binarise_eval_split(split, pair, pipes, vocabs, cfg, stage)
