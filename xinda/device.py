@@ -117,6 +117,9 @@ def check_device(name: str, what: str = "--device") -> None:
     """``--device`` (``what``) must be cpu, cuda or cuda:N, and one this machine has."""
     try:
         device = torch.device(name)
+    except (RuntimeError, ValueError):  # (torch's message lists its twenty device types)
+        raise XindaError(f"{what} {name}: not a device name; use cpu, cuda or cuda:N") from None
+    try:
         if device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index):
             raise ValueError("xinda runs on cpu, cuda or cuda:N")
         torch.empty(0, device=device)

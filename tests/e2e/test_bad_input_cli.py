@@ -329,5 +329,18 @@ def test_a_missing_ensemble_member_is_named(tmp_path):
     from xinda.decode.translator import Translator
     from xinda.errors import XindaError
 
+    (tmp_path / "config.yaml").write_text("")  # (the first model's folder passes the check)
     with pytest.raises(XindaError, match=r"nope: model directory not found$"):
         Translator.load(tmp_path, ensemble=[tmp_path / "nope"])
+
+
+def test_prepared_data_given_as_a_model_is_named(trained, xinda, one_line_error):
+    """Before: "data-bin/config.yaml: config file not found"."""
+    proc = xinda("translate", trained.prepared.data_dir, input="five\n", ok=False)
+    one_line_error(proc, f"{trained.prepared.data_dir}: not a trained model directory (prepared "
+                         "data (manifest.json): give the model's folder, train.out_dir)")
+
+
+def test_translate_names_the_weights_it_used(trained, xinda):
+    proc = xinda("translate", trained.model_dir, input="five\n")
+    assert f"sentences/s) with {trained.model_dir / 'best.safetensors'}" in proc.stderr

@@ -127,7 +127,8 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--no-repeat-ngram", "-1"), ("must be >= 0",)),
     (("--threads", "-1"), ("--threads must be 0 (torch's default) to 1024, got -1",)),
     (("--threads", "50000"), ("got 50000",)),  # before: a segfault
-    (("--device", "bogus"), ("--device bogus: not available here",)),
+    # before: torch's list of its twenty device types
+    (("--device", "gpu"), ("--device gpu: not a device name; use cpu, cuda or cuda:N",)),
     (("--device", "meta"), ("--device meta: not available here (xinda runs on cpu, cuda",)),
     (("--device", "cpu:3"), ("--device cpu:3: not available",)),  # before: tracebacks
     (("--sampling", "--nbest", "3"), ("--nbest: beam-search options", "--samples")),
@@ -135,7 +136,7 @@ def test_unsatisfiable_line_is_an_empty_line_and_a_warning(trained, files, xinda
     (("--set", "decode.sampling=true", "--nbest", "3", "--beam", "4"),
      ("--beam, --nbest: beam-search options",)),  # before: silently ignored
     (("--sampling", "--set", "decode.nbest=3"), ("decode.nbest: beam-search options",)),
-    (("--set", "train.lr=1"), ("--set train", "decode.KEY=VALUE settings only")),
+    (("--set", "train.lr=1"), ("--set train.lr=1: translate takes decode.KEY=VALUE",)),
     (("--set", "decode=3"), ("--set decode=", "name a setting")),
     (("--set", "decode.beams=3"), ("decode.beams", "Extra inputs")),
     (("--set", "decode.max_input_len=0"), ("decode.max_input_len", "greater than or equal")),

@@ -137,6 +137,7 @@ def translate(
         "--set", help="any decode setting: decode.KEY=VALUE (the options above win)")] = None,
 ) -> None:
     """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
+    from xinda.checkpoint import default_weights
     from xinda.config import DecodeConfig
     from xinda.decode.translator import Translator
     from xinda.device import check_device, set_threads
@@ -196,8 +197,11 @@ def translate(
     what = (f"decode.max_input_len={limit}" if limit == dec.max_input_len
             else f"{limit} (the model's position table)")
     note = f"; {cut} inputs cut to {what} tokens" if cut else ""
+    weights = checkpoint or default_weights(model_dir)  # (what Translator.load loaded)
+    more = f" and {len(ensemble)} more models" if ensemble else ""
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "
-          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s){note}", file=sys.stderr)
+          f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s) with {weights}{more}{note}",
+          file=sys.stderr)
 
 
 def _decode_overrides(overrides: list[str]) -> dict:
@@ -205,8 +209,9 @@ def _decode_overrides(overrides: list[str]) -> dict:
     from xinda.config import apply_overrides
 
     tree = apply_overrides({}, overrides)
-    if other := sorted(set(tree) - {"decode"}):
-        raise XindaError(f"--set {other[0]}...: translate takes decode.KEY=VALUE settings only")
+    if set(tree) - {"decode"}:
+        other = next(o for o in overrides if not o.strip().startswith("decode."))
+        raise XindaError(f"--set {other}: translate takes decode.KEY=VALUE settings only")
     decode = tree.get("decode", {})
     if not isinstance(decode, dict):
         raise XindaError("--set decode=...: name a setting, e.g. decode.max_input_len=400")

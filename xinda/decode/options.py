@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from xinda.config import DecodeConfig
 from xinda.data.vocab import Vocab
@@ -73,3 +74,14 @@ def check_sampling_options(options: dict, dec: DecodeConfig,
     if given and not dec.sampling:
         raise XindaError(f"{', '.join(SAMPLING_ONLY[:-1])} and {SAMPLING_ONLY[-1]} need "
                          f"sampling=True (given: {given})")
+
+
+def check_model_dir(folder: Path) -> None:
+    """``folder`` is a trained model directory (with config.yaml); prepared data, which has
+    only a manifest, is named as such."""
+    if not folder.is_dir():
+        raise XindaError(f"{folder}: model directory not found")
+    if not (folder / "config.yaml").is_file():
+        what = ("prepared data (manifest.json): give the model's folder, train.out_dir"
+                if (folder / "manifest.json").is_file() else "no config.yaml")
+        raise XindaError(f"{folder}: not a trained model directory ({what})")

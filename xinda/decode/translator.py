@@ -39,6 +39,7 @@ from xinda.decode.ensemble import Ensemble, check_same_vocabularies
 from xinda.decode.options import (
     check_constraints,
     check_format,
+    check_model_dir,
     check_sampling_options,
     warn_unknown_pieces,
 )
@@ -101,8 +102,7 @@ class Translator:
         check_device(str(device), "device")
         dirs = [Path(model_dir), *map(Path, ensemble)]
         for folder in dirs:
-            if not folder.is_dir():
-                raise XindaError(f"{folder}: model directory not found")
+            check_model_dir(folder)
         cfg = load_config(dirs[0] / "config.yaml")
         vocabs = [load_vocabularies(d) for d in dirs]
         check_same_vocabularies(dirs, vocabs)

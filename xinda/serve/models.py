@@ -48,8 +48,6 @@ def load_models(model_dirs: Sequence[str | Path], device: str = "cpu",
         if name in models:
             raise XindaError(f"two model directories are named {name!r}: models are served by "
                              "their directory name")
-        if not (model_dir / "config.yaml").is_file():
-            raise XindaError(f"{model_dir}: not a trained model directory (no config.yaml)")
         translator = Translator.load(model_dir, device=device)
         # one process: the server's worker thread batches the requests (forking a threaded
         # server for decode.workers is not safe)
