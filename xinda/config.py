@@ -116,6 +116,15 @@ class DataConfig(Strict):
     workers: int = Field(1, ge=1, le=MAX_THREADS)  # processes that preprocess and encode chunks
     seed: Seed = 1
 
+    @field_validator("test", mode="before")
+    @classmethod
+    def _named_tests(cls, value: object) -> object:
+        if isinstance(value, str):  # (before: "Input should be a valid dictionary")
+            raise ValueError(  # noqa: TRY004 - pydantic reports ValueErrors, not TypeErrors
+                f"give each test set a name: test: {{test: {value}}} (a mapping of names to "
+                "file prefixes)")
+        return value
+
     @model_validator(mode="after")
     def _two_sides(self) -> DataConfig:
         if self.src_lang == self.tgt_lang:

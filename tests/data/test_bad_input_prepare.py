@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xinda.config import DataConfig
+from xinda.config import DataConfig, load_config
 from xinda.data.manifest import load_split, load_vocabularies
 from xinda.data.prepare import corpus_file, filter_train, prepare
 from xinda.errors import XindaError
@@ -501,7 +501,8 @@ def test_unknown_characters_of_valid_and_test_sets_are_counted(tmp_path):
                               vocab_size=60), log=logged.append)
     assert manifest["splits"]["valid"]["unk"] == {"src": 0, "tgt": 1}
     assert manifest["splits"]["test"]["unk"]["src"] >= 1
-    assert "valid: 2 pairs (not filtered; <unk> pieces: 0 source, 1 target)" in logged
+    assert ("valid: 2 pairs (not filtered; <unk> pieces: 0 source, 1 target, which "
+            "data.byte_fallback true spells in bytes)") in logged
 
 
 def test_a_lock_file_its_holder_removed_before_we_locked_it_is_not_our_lock(tmp_path,
@@ -527,3 +528,11 @@ def test_a_lock_file_its_holder_removed_before_we_locked_it_is_not_our_lock(tmp_
         with open(path) as other, pytest.raises(BlockingIOError):  # a third process's try
             real_flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     assert not path.exists()
+
+
+def test_a_test_set_without_a_name_says_how_to_name_it(tmp_path):
+    """Before: "data.test: Input should be a valid dictionary" (found by review)."""
+    with pytest.raises(XindaError, match=r"data.test: .*give each test set a name: test: "
+                                         r"\{test: data/test\}"):
+        (tmp_path / "c.yaml").write_text("data:\n  test: data/test\n")
+        load_config(tmp_path / "c.yaml")
