@@ -55,6 +55,12 @@ from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
         ("en", "'Quoted' at the start of the girls' school."),
         ("en", "The boss's 'idea', James' car and 'the thing'."),
         ("de", "Das ist Hans' Auto und 'so' geht es."),
+        # and plural possessives, each closing alone (found by review on AESLC and MedQuAD:
+        # "Graves 'disease", "plaintiffs 'lawyers"), an elision, and no possessive in French
+        ("en", "Graves' disease and Legionnaires' disease, my parents' friends' kids."),
+        ("en", "She reads 'Pride and Prejudice' in the girls' school, the 1960s' music."),
+        ("en", "'Twas the night, said the lawyer 'Twas, and w/Davis' Energy Advisors."),
+        ("fr", "Les 'gilets jaunes' sont là."),
     ],
 )
 def test_moses_round_trip(lang, line):

@@ -138,41 +138,58 @@ def moses_detokenize(text: str, lang: str) -> str:
     originals = iter([c for c in text if c in marks])  # in order: detokenising keeps it
     tokens = text.translate(str.maketrans(stand_ins)).split()
     quotes = _OPENS not in text and _CLOSES not in text  # (a text of them keeps them)
-    out = _moses_detokenizer(lang).detokenize(_single_quotes(tokens) if quotes else tokens,
-                                              unescape=False)
+    if quotes:
+        tokens = _single_quotes(tokens, possessives=lang not in _NO_POSSESSIVE_S)
+    out = _moses_detokenizer(lang).detokenize(tokens, unescape=False)
     if quotes:
         out = re.sub(f"{_OPENS} ?", "'", re.sub(f" ?{_CLOSES}", "'", out))
     return re.sub(f"[{''.join(set(stand_ins.values()))}]", lambda m: next(originals, m[0]), out)
 
 
 _OPENS, _CLOSES = "\ue000", "\ue001"  # (private use) stand-ins for a ' token's two ways
+_NO_POSSESSIVE_S = ("fr", "it", "es", "pt", "ca", "ro")  # languages without "the girls' school"
+# a line-initial 'Tis, 'Twas, 'em ... is elided, not an opening quotation mark
+_ELISION = re.compile(r"'(?:tis|twas|em|cause|til|bout|round)\b", re.IGNORECASE)
+# the word before a ' that may close alone: a word in s (girls' school, EES', w/Davis', the
+# 1960s' music) or a number (4' wide), but not these English words in s
+_POSSESSOR = re.compile(r".*[^\W_][sS]|\d+(?:[.,]\d+)*")
+_NOT_POSSESSORS = frozenset({"as", "is", "was", "has", "his", "this", "does", "says", "us", "yes",
+                             "thus", "plus"})
 
 
-def _single_quotes(tokens: list[str]) -> list[str]:
+def _single_quotes(tokens: list[str], possessives: bool = True) -> list[str]:
     """Each lone ' token as a stand-in that opens or closes: paired in order, a line-initial
-    "'Word" (kept whole) opening, but for ``closing_alone``'s. (sacremoses joined every ' after
-    a word in s to it: "likes ' jazz ' music" came back as "likes' jazz 'music".)"""
+    "'Word" (kept whole, not an elision) opening, but for ``closing_alone``'s. (sacremoses
+    joined every ' after a word in s to it: "likes ' jazz ' music" came back as "likes' jazz
+    'music".)"""
     at = [i for i, token in enumerate(tokens) if token == "'"]
-    opened = bool(tokens) and re.match(r"'\w", tokens[0]) is not None
-    alone = closing_alone(tokens, at, opened)
+    opened = bool(tokens) and re.match(r"'\w", tokens[0]) is not None \
+        and not _ELISION.match(tokens[0])
+    alone = closing_alone(tokens, at, opened, possessives)
     out = list(tokens)
     for i in at:
-        out[i], opened = (_CLOSES, opened) if i == alone else \
+        out[i], opened = (_CLOSES, opened) if i in alone else \
             (_CLOSES if opened else _OPENS, not opened)
     return out
 
 
-def closing_alone(tokens: list[str], at: list[int], opened: bool = False) -> int | None:
-    """Of an odd count of lone ' tokens (at ``at``; ``opened``: one more opened before), the
-    one that closes alone: the first after a word of letters in s or a number (the girls'
-    school, 4' wide), else the first before no word (a cafe'.); None for an even count."""
-    if (len(at) + opened) % 2 == 0:
-        return None
-    after_word = [i for i in at if i and re.fullmatch(r"[^\W\d_]+[sS]|\d+", tokens[i - 1])]
+def closing_alone(tokens: list[str], at: list[int], opened: bool = False,
+                  possessives: bool = True) -> set[int]:
+    """The lone ' tokens (at ``at``; ``opened``: one more opened before) that close alone:
+    every one after a possessor (``_POSSESSOR``; only numbers without ``possessives``) when
+    the others pair up; when they do not, the possessor's ' nearest another ' pairs with them
+    instead (likes 'jazz'); with no possessor, the first ' before no word (a cafe'.)."""
+    owned = [i for i in at if i and tokens[i - 1].lower() not in _NOT_POSSESSORS
+             and _POSSESSOR.fullmatch(tokens[i - 1])
+             and (possessives or tokens[i - 1][:1].isdigit())]
+    others = [i for i in at if i not in owned]
+    if (len(others) + opened) % 2 == 0:
+        return set(owned)
+    if owned:
+        pairs = min(owned, key=lambda i: min((abs(i - j) for j in others), default=0))
+        return set(owned) - {pairs}
     before_no_word = [i for i in at if i and not "".join(tokens[i + 1:i + 2])[:1].isalnum()]
-    return (after_word or before_no_word or [None])[0]
-
-
+    return set(before_no_word[:1])
 @cache
 def _moses_detokenizer(lang: str):
     from sacremoses import MosesDetokenizer

@@ -84,7 +84,7 @@ def _quote_roles(tokens: list[str]) -> list[tuple[str | None, str | None]]:
             if c in _IN_WORD_QUOTES and 0 < i < len(tok) - 1 and _is_letter(tok[i - 1]) \
                     and _is_letter(tok[i + 1]):
                 role.append(None)
-            elif k == alone:  # (a plural possessive: "girls ' school")
+            elif k in alone:  # (a plural possessive: "girls ' school")
                 role.append("close")
             elif c in "'\"":
                 role.append("close" if c in unclosed else "open")
