@@ -119,10 +119,13 @@ class DataConfig(Strict):
     @field_validator("test", mode="before")
     @classmethod
     def _named_tests(cls, value: object) -> object:
-        if isinstance(value, str):  # (before: "Input should be a valid dictionary")
+        if value is None:  # "test:" with nothing after it: no test set
+            return {}
+        if not isinstance(value, dict):  # (before: "Input should be a valid dictionary")
+            example = value if isinstance(value, str) else "data/test"
             raise ValueError(  # noqa: TRY004 - pydantic reports ValueErrors, not TypeErrors
-                f"give each test set a name: test: {{test: {value}}} (a mapping of names to "
-                "file prefixes)")
+                f"give each test set a name: test: {{test: {example}}} (a mapping of names "
+                "to file prefixes)")
         return value
 
     @model_validator(mode="after")

@@ -532,7 +532,10 @@ def test_a_lock_file_its_holder_removed_before_we_locked_it_is_not_our_lock(tmp_
 
 def test_a_test_set_without_a_name_says_how_to_name_it(tmp_path):
     """Before: "data.test: Input should be a valid dictionary" (found by review)."""
-    with pytest.raises(XindaError, match=r"data.test: .*give each test set a name: test: "
-                                         r"\{test: data/test\}"):
-        (tmp_path / "c.yaml").write_text("data:\n  test: data/test\n")
-        load_config(tmp_path / "c.yaml")
+    for given in ("data/test", "[data/test, data/test2]"):
+        (tmp_path / "c.yaml").write_text(f"data:\n  test: {given}\n")
+        with pytest.raises(XindaError, match=r"data.test: .*give each test set a name: test: "
+                                             r"\{test: data/test\}"):
+            load_config(tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text("data:\n  test:\n")  # nothing after it: no test set
+    assert load_config(tmp_path / "c.yaml").data.test == {}

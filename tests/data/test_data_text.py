@@ -61,6 +61,9 @@ from xinda.data.text import SPACE_MARK, TextPipeline, restore_wide_punctuation
         ("en", "She reads 'Pride and Prejudice' in the girls' school, the 1960s' music."),
         ("en", "'Twas the night, said the lawyer 'Twas, and w/Davis' Energy Advisors."),
         ("fr", "Les 'gilets jaunes' sont là."),
+        # quotations around words in s pair as they are (found by review: "and' dogs'")
+        ("en", "Words like 'cats' and 'dogs', 'Round the corner' and the 'building blocks'."),
+        ("en", "'Texas' and 'Kansas' are states."),
     ],
 )
 def test_moses_round_trip(lang, line):
@@ -186,6 +189,7 @@ def test_jieba_round_trip(line):
     (False, "他说：“I use C# and C++ daily, it costs $5 or €4 now.”"),
     # before: "girls 'school", "4 'wide" (a lone ' opened)
     (False, "她在“girls' school”读书。"), (False, "它有4' wide and 'OK'."),
+    (False, "'Texas'和'Kansas'是州。"),
 ])
 def test_jieba_round_trip_of_quotes_and_full_stops(lowercase, line):
     pipe = TextPipeline("NFKC", lowercase, "jieba", "zh")
@@ -321,3 +325,12 @@ def test_moses_keeps_only_html_entities_whole():
     glued to it)."""
     pipe = TextPipeline("NFKC", False, "moses", "en")
     assert pipe.preprocess("AT&T; Q&A; Tom &amp; Jerry") == "AT&T ; Q&A ; Tom &amp; Jerry"
+
+
+def test_a_language_code_with_a_region_keeps_its_quote_rules():
+    """Before: "FR" or "fr_FR" got the English possessive rule ("Les' gilets jaunes'")."""
+    from xinda.data.moses import moses_detokenize
+
+    for lang in ("fr", "FR", "fr_FR", "pt-BR"):
+        assert moses_detokenize("Les ' gilets jaunes ' sont là .", lang) == \
+            "Les 'gilets jaunes' sont là."

@@ -104,3 +104,13 @@ def test_per_row_scales_of_a_one_feature_layer():
         row = Int8Linear(linear, "row")
         assert torch.equal(row(x[:1]), row(x)[:1])
         torch.testing.assert_close(row(x), linear(x), rtol=0.02, atol=0.02)
+
+
+def test_the_int8_copy_runs_with_gradients_enabled(make_model, make_src, make_prev):
+    """Before: the per-row path's ``out=`` division raised under autograd (the copy's float
+    embeddings still required gradients); the copy is for inference only."""
+    model = make_model(TRANSFORMER, seed=5)
+    quantized = quantize_int8(model, "row")
+    assert not any(p.requires_grad for p in quantized.parameters())
+    assert all(p.requires_grad for p in model.parameters())  # the original untouched
+    assert quantized(make_src([4, 2]), make_prev(2, 3)).shape[:2] == (2, 3)

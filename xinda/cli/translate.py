@@ -139,6 +139,7 @@ def translate(
     """Translate lines of text (N lines in -> N lines out) with a trained MODEL_DIR."""
     from xinda.checkpoint import default_weights
     from xinda.config import DecodeConfig
+    from xinda.decode.options import check_model_dir
     from xinda.decode.translator import Translator
     from xinda.device import check_device, set_threads
 
@@ -153,7 +154,9 @@ def translate(
     lines = read_input(input)
     prefixes = _read_prefixes(prefix, len(lines))
     check_device(device)
-    translator = Translator.load(model_dir, checkpoint, device=device, ensemble=ensemble or ())
+    check_model_dir(model_dir)
+    weights = checkpoint or default_weights(model_dir)  # (named in the last line)
+    translator = Translator.load(model_dir, weights, device=device, ensemble=ensemble or ())
     if attention_plot is not None and not translator.model.has_attention:
         raise XindaError("--attention-plot needs an attention model; this one has none")
     if input_format == "pieces":  # errors name the file (the Translator knows line numbers)
@@ -197,7 +200,6 @@ def translate(
     what = (f"decode.max_input_len={limit}" if limit == dec.max_input_len
             else f"{limit} (the model's position table)")
     note = f"; {cut} inputs cut to {what} tokens" if cut else ""
-    weights = checkpoint or default_weights(model_dir)  # (what Translator.load loaded)
     more = f" and {len(ensemble)} more models" if ensemble else ""
     print(f"translated {len(lines)} sentences in {seconds:.2f} s "
           f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s) with {weights}{more}{note}",

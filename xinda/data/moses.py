@@ -8,6 +8,7 @@ Used by ``xinda.data.text.TextPipeline``.
 
 from __future__ import annotations
 
+import bisect
 import re
 from functools import cache
 
@@ -139,7 +140,8 @@ def moses_detokenize(text: str, lang: str) -> str:
     tokens = text.translate(str.maketrans(stand_ins)).split()
     quotes = _OPENS not in text and _CLOSES not in text  # (a text of them keeps them)
     if quotes:
-        tokens = _single_quotes(tokens, possessives=lang not in _NO_POSSESSIVE_S)
+        base = re.split("[-_]", lang.lower())[0]  # (fr_FR, pt-BR)
+        tokens = _single_quotes(tokens, possessives=base not in _NO_POSSESSIVE_S)
     out = _moses_detokenizer(lang).detokenize(tokens, unescape=False)
     if quotes:
         out = re.sub(f"{_OPENS} ?", "'", re.sub(f" ?{_CLOSES}", "'", out))
@@ -148,8 +150,8 @@ def moses_detokenize(text: str, lang: str) -> str:
 
 _OPENS, _CLOSES = "\ue000", "\ue001"  # (private use) stand-ins for a ' token's two ways
 _NO_POSSESSIVE_S = ("fr", "it", "es", "pt", "ca", "ro")  # languages without "the girls' school"
-# a line-initial 'Tis, 'Twas, 'em ... is elided, not an opening quotation mark
-_ELISION = re.compile(r"'(?:tis|twas|em|cause|til|bout|round)\b", re.IGNORECASE)
+# a line-initial 'Tis or 'Twas is elided, not an opening quotation mark ('Round, 'Cause may be)
+_ELISION = re.compile(r"'(?:tis|twas)\b", re.IGNORECASE)
 # the word before a ' that may close alone: a word in s (girls' school, EES', w/Davis', the
 # 1960s' music) or a number (4' wide), but not these English words in s
 _POSSESSOR = re.compile(r".*[^\W_][sS]|\d+(?:[.,]\d+)*")
@@ -175,21 +177,31 @@ def _single_quotes(tokens: list[str], possessives: bool = True) -> list[str]:
 
 def closing_alone(tokens: list[str], at: list[int], opened: bool = False,
                   possessives: bool = True) -> set[int]:
-    """The lone ' tokens (at ``at``; ``opened``: one more opened before) that close alone:
-    every one after a possessor (``_POSSESSOR``; only numbers without ``possessives``) when
-    the others pair up; when they do not, the possessor's ' nearest another ' pairs with them
-    instead (likes 'jazz'); with no possessor, the first ' before no word (a cafe'.)."""
-    owned = [i for i in at if i and tokens[i - 1].lower() not in _NOT_POSSESSORS
+    """The lone ' tokens (at ``at``; ``opened``: one more opened before) that close alone.
+    None when, paired in order, every ' after a possessor (``_POSSESSOR``; only numbers
+    without ``possessives``) already closes a quotation ('cats' and 'dogs'). Else every one
+    after a possessor when the others pair up; when they do not, the possessor's ' nearest
+    another ' pairs with them instead (likes 'jazz'); with no possessor, the first ' before
+    no word (a cafe'.)."""
+    owned = [i for i in at if i and not (opened and i == 1)  # (closes a line-initial 'Word)
+             and tokens[i - 1].lower() not in _NOT_POSSESSORS
              and _POSSESSOR.fullmatch(tokens[i - 1])
              and (possessives or tokens[i - 1][:1].isdigit())]
-    others = [i for i in at if i not in owned]
+    closing = {i for k, i in enumerate(at) if (k + opened) % 2}
+    if (len(at) + opened) % 2 == 0 and closing.issuperset(owned):
+        return set()
+    others = sorted(set(at) - set(owned))
     if (len(others) + opened) % 2 == 0:
         return set(owned)
     if owned:
-        pairs = min(owned, key=lambda i: min((abs(i - j) for j in others), default=0))
-        return set(owned) - {pairs}
+        def distance(i: int) -> int:  # to the nearest other ' (others sorted: bisect)
+            k = bisect.bisect(others, i)
+            return min((abs(i - j) for j in others[max(k - 1, 0):k + 1]), default=0)
+        return set(owned) - {min(owned, key=distance)}
     before_no_word = [i for i in at if i and not "".join(tokens[i + 1:i + 2])[:1].isalnum()]
     return set(before_no_word[:1])
+
+
 @cache
 def _moses_detokenizer(lang: str):
     from sacremoses import MosesDetokenizer

@@ -343,7 +343,8 @@ def _build(cfg: DataConfig, pipes: dict[str, TextPipeline], raw: dict[str, Pair]
         note = (f"; {cleaned[split]} lines with control characters cleaned"
                 if cleaned[split] else "") + truncated_note(splits[split].get("truncated")) + (
             f"; <unk> pieces: {unk['src']} source, {unk['tgt']} target" + (
-                "" if cfg.byte_fallback else ", which data.byte_fallback true spells in bytes")
+                "" if cfg.byte_fallback or cfg.spm_model
+                else ", which data.byte_fallback true spells in bytes")
             if any(unk.values()) else "")
         log(f"{split}: {splits[split]['pairs']} pairs (not filtered{note})")
     manifest = {

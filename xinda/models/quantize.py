@@ -102,6 +102,7 @@ def quantize_int8(model: nn.Module, scale: str = "batch") -> nn.Module:
     if not int8_supported():
         raise XindaError("decode.precision int8: this PyTorch build has no CPU int8 engine")
     quantized = copy.deepcopy(model).cpu().float().eval()  # (a bf16 model's norms too)
+    quantized.requires_grad_(False)  # (an inference copy: the per-row path writes out=)
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
