@@ -259,7 +259,7 @@ class DecodeConfig(Strict):
     # auto: bf16 where it is fast; int8: dynamic int8 linear layers on CPU (xinda.models.quantize)
     precision: Literal["fp32", "bf16", "int8", "auto"] = "fp32"
     # whenever precision is int8: activations quantised by the range of the whole batch
-    # (fastest; an output can change with its batch mates) or of each row (about 1.4x slower;
+    # (fastest; an output can change with its batch mates) or of each row (about 1.15x slower;
     # not by the batch mates' ranges: xinda.models.quantize)
     int8_scale: Literal["batch", "row"] = "batch"
     # glibc, on CPU: keep freed memory in the heap for the next step's tensors instead of

@@ -88,7 +88,7 @@ def translate(
     precision: Annotated[str | None, typer.Option(help="fp32 | bf16 | int8 | auto")] = None,
     int8_scale: Annotated[str | None, typer.Option(
         help="int8 activation scales: batch (fastest; an output can change with the lines "
-             "batched with it) | row (not by their ranges; ~1.4x slower)")] = None,
+             "batched with it) | row (not by their ranges; ~1.15x slower)")] = None,
     stop: Annotated[str | None, typer.Option(
         help="end a beam after `beam` finished (beam) or once the best ended (best)")] = None,
     nbest: Annotated[int | None, typer.Option(

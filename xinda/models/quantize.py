@@ -11,7 +11,7 @@ output can change with the sentences batched beside it (24 of 100 Multi30k outpu
 ``"row"`` divides each row by its own max |x| first (and multiplies the product back), so no
 row is quantised by another's range (per-row scales, as CTranslate2's; here each row's range
 maps onto fbgemm's 7-bit asymmetric grid, a step twice as coarse as a symmetric int8 one). The
-element-wise work costs about 1.4x the decoding time. Float rounding that depends on the
+element-wise work costs about 1.15x the decoding time. Float rounding that depends on the
 padding of a batch can still move a row's value across a rounding step: scores then differ in
 the second or third decimal and, rarely, a choice changes (``docs/benchmarks.md``).
 """

@@ -60,7 +60,7 @@ def serve(
         help="fp32 | bf16 | int8 | auto (default: each model's decode.precision)")] = None,
     int8_scale: Annotated[str | None, typer.Option(
         help="int8 activation scales: batch (fastest; an output can change with the requests "
-             "batched with it) | row (not by their ranges; ~1.4x slower) (default: each "
+             "batched with it) | row (not by their ranges; ~1.15x slower) (default: each "
              "model's decode.int8_scale)")
         ] = None,
 ) -> None:
