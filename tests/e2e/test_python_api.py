@@ -81,7 +81,8 @@ def test_int8_of_a_bf16_model(trained, lines):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda d, tmp: Translator.load(d, device="gpu"), "device gpu: not available here"),
+    (lambda d, tmp: Translator.load(d, device="gpu"),
+     "device gpu: not a device name; use cpu, cuda or cuda:N"),
     (lambda d, tmp: Translator.load(d, ensemble=str(d)),
      "give a list of model directories"),
     (lambda d, tmp: average_checkpoints([tmp / "missing.safetensors"], tmp / "avg"),
