@@ -150,3 +150,14 @@ def test_a_loop_of_links_is_a_one_line_error(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with pytest.raises(XindaError, match="a: cannot write: a loop of symbolic links"):
         atomic_write_text(tmp_path / "a", "x")
+
+
+def test_a_folder_asked_where_a_file_is_named_as_such(tmp_path):
+    """Before: "f: cannot write: File exists" for `xinda grow -o f` with f a file (review)."""
+    from xinda.utils import write_errors
+
+    (tmp_path / "f").write_text("kept")
+    with pytest.raises(XindaError, match=r"f: cannot write: .*f is a file, not a folder$"), \
+            write_errors(tmp_path / "f"):
+        (tmp_path / "f").mkdir(parents=True, exist_ok=True)
+    assert (tmp_path / "f").read_text() == "kept"

@@ -84,9 +84,8 @@ def _appended_to(stream: Path) -> Iterator[Path]:
 
 def _write_error(err: OSError, path: Path, written: str) -> OSError | XindaError:
     """For ``err`` while writing ``written``: one line naming ``path`` (if not another file's)."""
-    if err.filename not in (None, written):
-        return err
-    return XindaError(f"{path}: cannot write: {err.strerror or err}")
+    return err if err.filename not in (None, written) else XindaError(
+        f"{path}: cannot write: {err.strerror or err}")
 
 
 @contextmanager
@@ -97,7 +96,9 @@ def os_errors_named(path: str | Path, action: str = "") -> Iterator[None]:
         yield
     except OSError as err:
         where, doing = (path, f"{action}: ") if action else (err.filename or path, "")
-        raise XindaError(f"{where}: {doing}{err.strerror or err}") from None
+        on_file = isinstance(err, FileExistsError) and Path(err.filename or "").is_file()
+        reason = f"{err.filename} is a file, not a folder" if on_file else err.strerror or err
+        raise XindaError(f"{where}: {doing}{reason}") from None
 
 
 def write_errors(path: str | Path):
@@ -215,9 +216,8 @@ def input_name(path: str | Path | None) -> str:
 
 def read_input(path: str | Path | None) -> list[str]:
     """The lines of an input file, or of stdin for None or "-" (``input_name``)."""
-    if input_name(path) == "<stdin>":
-        return list(decode_lines(sys.stdin.buffer, "<stdin>"))
-    return list(read_lines(path))
+    name = input_name(path)
+    return list(decode_lines(sys.stdin.buffer, name) if name == "<stdin>" else read_lines(path))
 
 
 def read_lines(path: str | Path) -> Iterator[str]:

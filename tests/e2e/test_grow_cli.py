@@ -245,3 +245,16 @@ def test_average_never_replaces_the_model_s_own_files(grown, xinda, one_line_err
     proc = xinda("average", shallow, "--last", "2", "-o", path, ok=False)
     one_line_error(proc, f"-o {path}: ", "safetensors")
     assert path.read_bytes() == before
+
+
+def test_average_never_replaces_another_model_s_average(grown, xinda, one_line_error, tmp_path):
+    """Before: any file named averaged* was replaced, so -o OTHER_MODEL/averaged.safetensors
+    overwrote that model's own average, which translate then loaded (found by review)."""
+    shallow, _, _ = grown
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "averaged.safetensors").write_bytes(b"the other model's average")
+    proc = xinda("average", shallow, "--last", "2", "-o", other / "averaged.safetensors",
+                 ok=False)
+    one_line_error(proc, "exists; averaging replaces only an earlier average in")
+    assert (other / "averaged.safetensors").read_bytes() == b"the other model's average"

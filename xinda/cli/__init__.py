@@ -225,9 +225,11 @@ def average(model_dir: Path,
                          "checkpoints (averaging writes elsewhere)")
     if out.suffix != ".safetensors":
         raise XindaError(f"-o {out}: averaged weights are written as a .safetensors file")
-    if out.exists() and not out.name.startswith("averaged"):  # best.safetensors, a user's file
-        raise XindaError(f"-o {out}: exists; averaging replaces only an earlier average "
-                         "(averaged*.safetensors): choose another -o")
+    earlier_average = out.name.startswith("averaged") and out.parent.resolve() == \
+        model_dir.resolve()  # (not best.safetensors, a user's file, another model's average)
+    if out.exists() and not earlier_average:
+        raise XindaError(f"-o {out}: exists; averaging replaces only an earlier average in "
+                         f"{model_dir} (averaged*.safetensors): choose another -o")
     average_checkpoints(paths, out)
     fewer = f", of the {last} asked: no more in {model_dir}" if len(paths) < last else ""
     say(f"averaged {len(paths)} checkpoint(s) ({paths[0].name} .. {paths[-1].name}{fewer}) "

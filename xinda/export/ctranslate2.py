@@ -157,7 +157,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path,
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         try:
-            converter.convert(str(tmp), quantization=quantization, force=True)
+            with write_errors(out_dir):  # (CTranslate2's OSErrors name no file: a full disk)
+                converter.convert(str(tmp), quantization=quantization, force=True)
         except ValueError as err:  # e.g. an unknown quantization type
             raise XindaError(f"CTranslate2 conversion failed: {' '.join(str(err).split())}"
                              ) from None
