@@ -59,6 +59,13 @@ class Progress:
         finally:
             self.train_seconds += time.perf_counter() - start
 
+    def limits_reached(self, tc: TrainConfig, wall_seconds: float) -> list[str]:
+        """The update and time limits (``train.max_steps``, ``max_seconds``) reached."""
+        limits = [(tc.max_steps and self.step >= tc.max_steps, f"train.max_steps {tc.max_steps}"),
+                  (tc.max_seconds and wall_seconds >= tc.max_seconds,
+                   f"train.max_seconds {tc.max_seconds:g}")]
+        return [name for hit, name in limits if hit]
+
     def reset_best(self) -> None:
         """Forget the best scores and early stopping's count (the scores change meaning)."""
         self.best = self.epoch_best = -math.inf
@@ -102,12 +109,10 @@ def warn_nothing_left(tc: TrainConfig, p: Progress, resumed_at: int, wall_second
     (raising one alone would train nothing). Its last line counts the run's updates."""
     if not resumed_at or p.step != resumed_at:
         return
-    limits = [(tc.max_steps and p.step >= tc.max_steps, f"train.max_steps {tc.max_steps}"),
-              (tc.max_seconds and wall_seconds >= tc.max_seconds,
-               f"train.max_seconds {tc.max_seconds:g}"),
-              (stopped_early, f"train.patience {tc.patience} (early stopping)"),
-              (p.epoch > tc.max_epochs, f"train.max_epochs {tc.max_epochs}")]
-    reached = [name for hit, name in limits if hit] or ["its limits"]
+    reached = [*p.limits_reached(tc, wall_seconds),
+               *([f"train.patience {tc.patience} (early stopping)"] if stopped_early else []),
+               *([f"train.max_epochs {tc.max_epochs}"] if p.epoch > tc.max_epochs else [])]
+    reached = reached or ["its limits"]
     log.warning("--resume: nothing left to train: the run had reached %s at update %d; raise "
                 "%s with --set to train on", " and ".join(reached), p.step,
                 "it" if len(reached) == 1 else "them")

@@ -294,9 +294,7 @@ class Trainer:
                     and self.progress.bad_epochs >= tc.patience)
 
     def limit_reached(self) -> bool:
-        tc = self.cfg.train
-        over_time = tc.max_seconds and self.wall_seconds() >= tc.max_seconds
-        return bool(tc.max_steps and self.progress.step >= tc.max_steps or over_time)
+        return bool(self.progress.limits_reached(self.cfg.train, self.wall_seconds()))
 
     def wall_seconds(self) -> float:
         """Wall clock of the training loops so far, validation included, over this run and
