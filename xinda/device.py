@@ -15,13 +15,26 @@ from xinda.utils import MAX_THREADS
 
 
 def pick_device(name: str) -> torch.device:
-    """``train.device``: auto (CUDA where there is a GPU), cpu or cuda (refused without one)."""
+    """``train.device``: auto (CUDA where there is a GPU), cpu or cuda (refused without one);
+    a CUDA device without cuDNN attention (``skip_cudnn_attention``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    elif name == "cuda" and not torch.cuda.is_available():
         why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU is visible"
         raise XindaError(f"train.device cuda: no CUDA device here ({why}); use auto or cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        skip_cudnn_attention()
+    return device
+
+
+def skip_cudnn_attention() -> None:
+    """Leave cuDNN out of the kernels CUDA's ``scaled_dot_product_attention`` may pick (flash,
+    memory-efficient and math remain). Torch 2.11 picks cuDNN on an H200, where each call took
+    9 ms of CPU (a profile; it seems to plan for every new shape, and every batch has new
+    ones): without it, transformer-base trained at 6.5x the tokens/s (8k-token batches) and
+    decoded beam 5 at 9.4x the sentences/s (docs/results/gpu_throughput-2026-11-26-h200*)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -114,7 +127,8 @@ def tune_training_memory(onednn_cache: int, keep_heap: bool) -> None:
 
 
 def check_device(name: str, what: str = "--device") -> None:
-    """``--device`` (``what``) must be cpu, cuda or cuda:N, and one this machine has."""
+    """``--device`` (``what``) must be cpu, cuda or cuda:N, and one this machine has; a CUDA
+    device is used without cuDNN attention (``skip_cudnn_attention``)."""
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):  # (torch's message lists its twenty device types)
@@ -126,6 +140,8 @@ def check_device(name: str, what: str = "--device") -> None:
     except Exception as err:  # noqa: BLE001 - torch raises several types for devices it lacks
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise XindaError(f"{what} {name}: not available here ({reason})") from None
+    if device.type == "cuda":
+        skip_cudnn_attention()
 
 
 def set_threads(threads: int) -> None:

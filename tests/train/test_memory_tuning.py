@@ -71,3 +71,44 @@ def test_auto_precision_on_a_gpu_is_bf16_only_in_hardware(monkeypatch, major, ex
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert pick_precision("auto", torch.device("cuda")) == expected
+
+
+@pytest.mark.parametrize("name", ["auto", "cuda"])
+def test_a_cuda_device_leaves_cudnn_out_of_attention(monkeypatch, name):
+    """On an H200, torch 2.11 ran SDPA through cuDNN at 9 ms of CPU per call: picking a CUDA
+    device (training, gpu_throughput) turns that backend off; a CPU device leaves it alone."""
+    import torch
+
+    from xinda.device import pick_device
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert pick_device("cpu").type == "cpu"
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert pick_device(name).type == "cuda"
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_checking_a_cuda_device_leaves_cudnn_out_of_attention(monkeypatch):
+    """The same for decoding (``Translator.load``, translate, serve), which checks --device:
+    monkeypatched so that a CPU-only build passes the check of "cuda"."""
+    import torch
+
+    from xinda import device as device_module
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    real_empty = torch.empty
+    monkeypatch.setattr(device_module.torch, "empty",
+                        lambda *a, device=None, **k: real_empty(*a, **k))
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        device_module.check_device("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        device_module.check_device("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
