@@ -4,7 +4,8 @@ decoding speed, on whatever device there is (issue 15: measured on a lent H200).
     python benchmarks/gpu_throughput.py [--presets transformer-base,transformer-big]
         [--max-tokens 8192,16384,32768] [--updates 30] [--warmup 5] [--vocab 32000]
         [--lengths-from DATA_BIN] [--precision bf16] [--device auto] [--peak-tflops X]
-        [--decode-model DIR --decode-input FILE] [--out docs/results/gpu_throughput]
+        [--decode-model DIR --decode-input FILE [--decode-beams 5,1] [--decode-batch 64,128,256]
+         [--decode-repeats 3]] [--out docs/results/gpu_throughput]
 
 Each (preset, batch size) runs the training step of ``xinda.train`` (``batch_loss`` with the
 chunked label-smoothed loss, fused Adam, autocast) on synthetic batches: random token ids with
@@ -20,13 +21,16 @@ pair for every attention layer (scores and weighted sum; forward x 3 for trainin
 the achieved model FLOP/s by the device's dense bf16 peak (``--peak-tflops``; by default a
 known figure for the GPU, e.g. 989 for an H100/H200, and always also the measured peak of a
 large bf16 matmul, which is printed). ``--decode-model`` (a trained model directory) adds
-beam-5 decoding of ``--decode-input`` (raw lines) in sentences/s.
+decoding of ``--decode-input`` (raw lines) in sentences/s, at every beam size and batch size
+given, each the median of ``--decode-repeats`` passes (the settings take turns in each round);
+``--presets ''`` skips the training rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -153,26 +157,38 @@ def train_throughput(preset: str, max_tokens: int, args: argparse.Namespace,
             "peak_memory_gib": None if peak_mem is None else round(peak_mem, 1)}
 
 
-def decode_speed(model_dir: Path, input_file: Path, device: torch.device, precision: str) -> dict:
+def decode_speed(model_dir: Path, input_file: Path, device: torch.device, precision: str,
+                 beams: list[int], batch_sizes: list[int], repeats: int) -> list[dict]:
+    """Sentences/s of decoding ``input_file`` for every (beam, batch size): the median of
+    ``repeats`` passes, the settings taking turns within each round."""
     from xinda.decode.translator import Translator
 
     lines = input_file.read_text(encoding="utf-8").splitlines()
     translator = Translator.load(model_dir, device=str(device))
-    options = {"beam": 5, "batch_size": 128, "precision": precision}
-    translator.translate_text(lines[:64], **options)  # warm-up
-    sync(device)
-    start = time.perf_counter()
-    translator.translate_text(lines, **options)
-    sync(device)
-    seconds = time.perf_counter() - start
-    return {"model": str(model_dir), "sentences": len(lines), **options,
-            "sents_per_s": round(len(lines) / seconds, 1)}
+    settings = [{"beam": beam, "batch_size": size, "precision": precision}
+                for beam in beams for size in batch_sizes]
+    translator.translate_text(lines[:64], **settings[0])  # warm-up
+    seconds: list[list[float]] = [[] for _ in settings]
+    for _ in range(repeats):
+        for options, times in zip(settings, seconds):
+            sync(device)
+            start = time.perf_counter()
+            translator.translate_text(lines, **options)
+            sync(device)
+            times.append(time.perf_counter() - start)
+    return [{"model": str(model_dir), "sentences": len(lines), **options, "repeats": repeats,
+             "sents_per_s": round(len(lines) / statistics.median(times), 1)}
+            for options, times in zip(settings, seconds)]
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default="transformer-base,transformer-big")
-    ap.add_argument("--max-tokens", default="8192,16384,32768")
+    ap.add_argument("--max-tokens", type=int_list, default=[8192, 16384, 32768])
     ap.add_argument("--updates", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -187,6 +203,10 @@ def main() -> None:
     ap.add_argument("--matmul-size", type=int, default=None, help="default 8192 GPU, 2048 CPU")
     ap.add_argument("--decode-model", type=Path)
     ap.add_argument("--decode-input", type=Path)
+    ap.add_argument("--decode-beams", type=int_list, default=[5, 1], help="beam sizes (1: greedy)")
+    ap.add_argument("--decode-batch", type=int_list, default=[64, 128, 256],
+                    help="sentences per batch")
+    ap.add_argument("--decode-repeats", type=int, default=3, help="passes; the median counts")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "gpu_throughput")
     args = ap.parse_args()
     device = pick_device(args.device)
@@ -204,8 +224,8 @@ def main() -> None:
               "matmul_tflops_measured": round(measured, 3), "spec_peak_tflops": known,
               "train": [], "command": " ".join(["python", *sys.argv]),
               "code": code_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    for preset in args.presets.split(","):
-        for max_tokens in map(int, args.max_tokens.split(",")):
+    for preset in filter(None, args.presets.split(",")):
+        for max_tokens in args.max_tokens:
             row = train_throughput(preset, max_tokens, args, device)
             row["mfu_vs_measured_matmul"] = round(row["model_tflops"] / measured, 3)
             row["mfu_vs_spec_peak"] = round(row["model_tflops"] / known, 3) if known else None
@@ -217,8 +237,10 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats(device)
     if args.decode_model and args.decode_input:
         report["decode"] = decode_speed(args.decode_model, args.decode_input, device,
-                                        args.precision)
-        print(json.dumps(report["decode"]), flush=True)
+                                        args.precision, args.decode_beams, args.decode_batch,
+                                        args.decode_repeats)
+        for row in report["decode"]:
+            print(json.dumps(row), flush=True)
     write_report(report, args.out)
     print(f"wrote {args.out.with_suffix('.json')} and .md")
 
@@ -242,10 +264,13 @@ def markdown(report: dict) -> str:
             f"{report['matmul_tflops_measured']} TFLOP/s, spec peak "
             f"{report['spec_peak_tflops'] or 'unknown'}.")
     lines = [head, "", *markdown_table(header, rows)]
-    if "decode" in report:
-        d = report["decode"]
-        lines += ["", (f"Decode: {d['sentences']} sentences, beam {d['beam']}, batch "
-                       f"{d['batch_size']}, {d['precision']}: {d['sents_per_s']} sentences/s.")]
+    if report.get("decode"):
+        first = report["decode"][0]
+        lines += ["", (f"Decoding {first['model']}: {first['sentences']} sentences, "
+                       f"{first['precision']}, the median of {first['repeats']} passes."), "",
+                  *markdown_table(["beam", "batch", "sentences/s"],
+                                  [[d["beam"], d["batch_size"], d["sents_per_s"]]
+                                   for d in report["decode"]])]
     return "\n".join(lines) + "\n"
 
 

@@ -572,3 +572,32 @@ def test_gpu_kit_waits_for_kept_runs_and_collects_no_checkpoints(tmp_path):
         names = tar.getnames()
     assert "runs/gpu/kept/de-en-base-6000/layer-seed1.json" in names
     assert not [n for n in names if "checkpoints" in n]
+
+
+def test_gpu_throughput_decode_speed_takes_turns_and_keeps_medians(tmp_path, monkeypatch):
+    """Two beams x two batch sizes, 3 rounds: each round decodes every setting once, in turn,
+    and each row's sentences/s is the 4 lines over the median of its 3 passes' seconds."""
+    from xinda.decode import translator
+
+    (tmp_path / "in.txt").write_text("a\nb\nc\nd\n", encoding="utf-8")
+    clock, calls, warmed = [0.0], [], []
+    seconds = {(5, 2): [1.0, 4.0, 2.0], (5, 8): [1.0, 1.0, 1.0],
+               (1, 2): [0.5, 0.25, 8.0], (1, 8): [2.0, 2.0, 0.1]}
+
+    class Fake:
+        def translate_text(self, lines, beam, batch_size, precision):
+            assert precision == "bf16"
+            if not warmed:  # the untimed first call
+                warmed.append((beam, batch_size))
+            else:
+                key = (beam, batch_size)
+                calls.append(key)
+                clock[0] += seconds[key][sum(c == key for c in calls) - 1]
+
+    monkeypatch.setattr(translator.Translator, "load", classmethod(lambda cls, *a, **k: Fake()))
+    monkeypatch.setattr(gpu_throughput.time, "perf_counter", lambda: clock[0])
+    rows = gpu_throughput.decode_speed(tmp_path, tmp_path / "in.txt", torch.device("cpu"),
+                                       "bf16", [5, 1], [2, 8], 3)
+    assert warmed == [(5, 2)] and calls == [(5, 2), (5, 8), (1, 2), (1, 8)] * 3
+    assert [(r["beam"], r["batch_size"], r["sents_per_s"]) for r in rows] == [
+        (5, 2, 2.0), (5, 8, 4.0), (1, 2, 8.0), (1, 8, 2.0)]
