@@ -33,7 +33,8 @@ def skip_cudnn_attention() -> None:
     memory-efficient and math remain). Torch 2.11 picks cuDNN on an H200, where each call took
     9 ms of CPU (a profile; it seems to plan for every new shape, and every batch has new
     ones): without it, transformer-base trained at 6.5x the tokens/s (8k-token batches) and
-    decoded beam 5 at 9.4x the sentences/s (docs/results/gpu_throughput-2026-11-26-h200*)."""
+    decoded beam 5 at 9.4x the sentences/s (docs/results/gpu_*-2026-11-26-h200*; one GPU and
+    torch version: ``torch.backends.cuda.enable_cudnn_sdp(True)`` after this undoes it)."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
