@@ -209,6 +209,10 @@ def main() -> None:
     ap.add_argument("--decode-repeats", type=int, default=3, help="passes; the median counts")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "gpu_throughput")
     args = ap.parse_args()
+    if (args.decode_model is None) != (args.decode_input is None):
+        ap.error("--decode-model and --decode-input go together")
+    if not args.presets.strip(",") and args.decode_model is None:
+        ap.error("--presets '' measures nothing without --decode-model and --decode-input")
     device = pick_device(args.device)
     tune_training_memory(TrainConfig().onednn_cache, TrainConfig().keep_heap)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -23,6 +23,13 @@ pytestmark = pytest.mark.skipif(
     DEVICE == "cuda" and not torch.cuda.is_available(),
     reason="no CUDA device here (run on a lent GPU: benchmarks/gpu/README.md)")
 
+
+def test_fp32_matmuls_are_fp32_on_the_device():
+    """The comparisons below assume IEEE fp32 matmuls (torch's default); an image that forces
+    TF32 (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) would fail them for that reason alone."""
+    assert not torch.backends.cuda.matmul.allow_tf32, "TF32 forced on: the comparisons fail"
+
+
 NO_DROPOUT = {"dropout": 0.0}
 TRANSFORMER = {"arch": "transformer", "d_model": 16, "heads": 2, "ffn_dim": 32,
                "encoder_layers": 2, "decoder_layers": 2, "attention_dropout": 0.0,
