@@ -31,8 +31,9 @@ def pick_device(name: str) -> torch.device:
 def skip_cudnn_attention() -> None:
     """Leave cuDNN out of the kernels CUDA's ``scaled_dot_product_attention`` may pick (flash,
     memory-efficient and math remain). Torch 2.11 picks cuDNN on an H200, where each call took
-    9 ms of CPU (a profile; it seems to plan for every new shape, and every batch has new
-    ones): without it, transformer-base trained at 6.5x the tokens/s (8k-token batches) and
+    9 ms of CPU (a profile; it seems to plan for every new shape, and batches bring new
+    ones): without it, transformer-base trained at 6.5x the tokens/s (synthetic 8k-token
+    batches, a new shape at almost every update) and
     decoded beam 5 at 9.4x the sentences/s (docs/results/gpu_*-2026-11-26-h200*; one GPU and
     torch version: ``torch.backends.cuda.enable_cudnn_sdp(True)`` after this undoes it)."""
     torch.backends.cuda.enable_cudnn_sdp(False)
