@@ -199,6 +199,9 @@ def main() -> None:
                     help="train.loss_chunk (default: the config's, tuned for CPU memory; "
                          "0 = the whole batch at once)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--cudnn-attention", action="store_true",
+                    help="keep cuDNN's attention kernel, which xinda turns off on CUDA "
+                         "(xinda.device.skip_cudnn_attention): the other arm of that A/B")
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--matmul-size", type=int, default=None, help="default 8192 GPU, 2048 CPU")
     ap.add_argument("--decode-model", type=Path)
@@ -214,6 +217,8 @@ def main() -> None:
     if not args.presets.strip(",") and args.decode_model is None:
         ap.error("--presets '' measures nothing without --decode-model and --decode-input")
     device = pick_device(args.device)
+    if args.cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(True)
     tune_training_memory(TrainConfig().onednn_cache, TrainConfig().keep_heap)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     measured = matmul_peak_tflops(device, args.matmul_size or (8192 if device.type == "cuda"
@@ -225,6 +230,8 @@ def main() -> None:
               "loss_chunk": TrainConfig().loss_chunk if args.loss_chunk is None
               else args.loss_chunk, "vocab": args.vocab,
               "lengths_from": str(args.lengths_from or "synthetic"),
+              "cudnn_attention": (torch.backends.cuda.cudnn_sdp_enabled()
+                                  if device.type == "cuda" else None),
               "matmul_tflops_measured": round(measured, 3), "spec_peak_tflops": known,
               "train": [], "command": " ".join(["python", *sys.argv]),
               "code": code_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -266,7 +273,10 @@ def markdown(report: dict) -> str:
             f"{report['torch']}, {report['precision']}, loss chunk "
             f"{report.get('loss_chunk', '?')}; measured bf16 matmul "
             f"{report['matmul_tflops_measured']} TFLOP/s, spec peak "
-            f"{report['spec_peak_tflops'] or 'unknown'}.")
+            f"{report['spec_peak_tflops'] or 'unknown'}"
+            + ("" if report.get("cudnn_attention") is None else
+               f"; cuDNN attention {'on' if report['cudnn_attention'] else 'off'}")
+            + f"; lengths {report.get('lengths_from', 'synthetic')}.")
     lines = [head, "", *markdown_table(header, rows)]
     if report.get("decode"):
         first = report["decode"][0]
