@@ -190,6 +190,7 @@ class TrainConfig(Strict):
     save_every: int = Field(0, ge=0)  # checkpoint every N updates (0: only per epoch)
     keep_last: int = Field(5, ge=1)  # step checkpoints kept on disk
     run_validation: bool = True  # validation loss (and BLEU) at each epoch end
+    valid_every: int = Field(0, ge=0)  # also every N updates inside an epoch (0: epoch ends)
     valid_bleu: bool = True
     valid_beam: int = Field(1, ge=1, le=MAX_ROWS)  # validation BLEU's beam (1: greedy)
     patience: int = Field(0, ge=0)  # early stopping: epochs not better (BLEU tie: by loss); 0=off

@@ -539,3 +539,47 @@ def test_the_model_folder_records_every_model_field(prepared, tmp_path):
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8"))["model"]
     assert "preset" not in saved and saved == resolve(cfg.model).model_dump(mode="json")
     assert run(prepared, tmp_path, resume=True, max_steps=2).step == 2
+
+
+def validated_steps(out) -> list[int]:
+    return [int(r["step"]) for r in rows(out) if r["valid_loss"]]
+
+
+def test_valid_every_validates_inside_epochs_and_each_epoch_end_once(prepared, tmp_path,
+                                                                    per_epoch, monkeypatch):
+    """train.valid_every 4: updates 4, 8, ... and every epoch's end, none twice; the best
+    weights may come from inside an epoch, while early stopping counts epoch ends only: here
+    update 4 scores best, the other validations inside epochs worst, and the epoch ends
+    improve, so patience 1 runs all 3 epochs."""
+    ends = {per_epoch, 2 * per_epoch, 3 * per_epoch}
+
+    def validate(trainer) -> dict:
+        step = trainer.progress.step
+        loss = 1.0 if step == 4 else 3.0 - step / 100 if step in ends else 9.0
+        return {"loss": loss, "nll": loss}
+    monkeypatch.setattr(Trainer, "validate", validate)
+    progress = run(prepared, tmp_path, valid_every=4, patience=1, max_epochs=3)
+    assert progress.step == 3 * per_epoch and progress.bad_epochs == 0
+    assert validated_steps(tmp_path) == sorted(set(range(4, 3 * per_epoch + 1, 4)) | ends)
+    assert progress.best == -1.0  # best.safetensors holds update 4's weights
+
+
+def test_valid_every_resumes_exactly(prepared, tmp_path, per_epoch):
+    """Stopped after update 6 (between two validations) and resumed: the same validations, at
+    the same updates, with the same losses, as one uninterrupted run, and the one where the
+    limit stopped it."""
+    whole = run(prepared, tmp_path / "whole", valid_every=4, max_epochs=2)
+    run(prepared, tmp_path / "parts", valid_every=4, max_epochs=2, max_steps=6)
+    parts = run(prepared, tmp_path / "parts", resume=True, valid_every=4, max_epochs=2)
+    assert parts.step == whole.step == 2 * per_epoch
+    losses = [[(r["step"], r["valid_loss"]) for r in rows(tmp_path / name) if r["valid_loss"]]
+              for name in ("whole", "parts")]
+    assert [s for s in validated_steps(tmp_path / "whole") if s % per_epoch]  # inside epochs
+    assert losses[0] == [x for x in losses[1] if x[0] != "6"]
+    assert 6 in validated_steps(tmp_path / "parts")
+
+
+def test_valid_every_without_validation_warns(prepared, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="xinda"):
+        run(prepared, tmp_path, valid_every=2, max_steps=2, run_validation="false")
+    assert "train.valid_every 2 has no effect: train.run_validation is off" in caplog.text

@@ -340,10 +340,11 @@ def check_lengths(data_dir: Path, split: str, pair: tuple, max_positions: int) -
 
 def warn_validation_settings(tc: TrainConfig, has_valid: bool, has_scorer: bool) -> None:
     """Warn about validation settings that will have no effect."""
-    if tc.patience and not (tc.run_validation and has_valid):
-        log.warning("train.patience %d has no effect: %s", tc.patience,
-                    "train.run_validation is off" if has_valid
-                    else "the prepared data has no valid split")
+    for name, value in (("patience", tc.patience), ("valid_every", tc.valid_every)):
+        if value and not (tc.run_validation and has_valid):
+            log.warning("train.%s %d has no effect: %s", name, value,
+                        "train.run_validation is off" if has_valid
+                        else "the prepared data has no valid split")
     if tc.min_lr and tc.schedule == "constant":  # (not refused: saved runs would not load)
         log.warning("train.min_lr %g has no effect: the constant schedule never decays",
                     tc.min_lr)
@@ -388,3 +389,11 @@ def write_stats(out: Path, p: Progress, **facts) -> None:
     atomic_write_text(out / "train_stats.json", json.dumps(stats, indent=1))
     if (out / "log.csv").exists():
         plot_curves(out / "log.csv", out / "curves.png", str(out.name))
+
+
+def nonfinite_loss(step: int, loss: float, out: Path) -> XindaError:
+    """The error of an update whose training loss is not finite (the weights are unchanged)."""
+    kept = (f"checkpoints kept in {ckpt.checkpoint_dir(out)}" if ckpt.list_checkpoints(out)
+            else "no checkpoint written yet")
+    return XindaError(f"update {step}: the training loss is {loss}; stopped before the weights "
+                      f"changed ({kept}); lower train.lr or set train.clip_norm")

@@ -29,10 +29,9 @@ from tqdm import tqdm
 
 from xinda import checkpoint as ckpt
 from xinda.config import ExperimentConfig, save_config
-from xinda.data.batching import Batch, collate, make_batches
+from xinda.data.batching import collate, make_batches
 from xinda.data.manifest import data_fingerprint, load_manifest, load_split, load_vocabularies
 from xinda.device import pick_precision, tune_training_memory
-from xinda.errors import XindaError
 from xinda.models.base import Seq2SeqModel
 from xinda.models.registry import build_model
 from xinda.train.curves import CsvLog, plot_curves
@@ -46,6 +45,7 @@ from xinda.train.run_dir import (
     check_splits,
     checked_model,
     experiment_config,
+    nonfinite_loss,
     retire_shadowing,
     warn_data_fit,
     warn_validation_settings,
@@ -219,9 +219,7 @@ class Trainer:
         if self.ranks.is_main and p.log_window[2]:  # the updates since the last row (kept in
             self.csv.write_window(p, learning_rate(  # the window: logged again after a resume)
                 tc, p.step, self.model_cfg.model_dim, p.lr_resets))
-        if p.batch and p.validated_step != p.step and tc.run_validation and self.has_valid:
-            self.ranks.main_only(self.validate_and_keep_best)  # stopped inside an epoch
-            p.validated_step = p.step  # (all ranks, and their checkpoint records the new best)
+        if p.batch and p.validated_step != p.step and self.validate_in_epoch():  # stopped there
             self.save(off_grid=not (tc.save_every and p.step % tc.save_every == 0))
         self.save_unless_saved(off_grid=True)
         if self.ranks.is_main:
@@ -276,6 +274,8 @@ class Trainer:
                 if self.ranks.is_main:
                     self.csv.write_window(p, self.lr)
                 window[:] = [0.0, 0.0, 0, 0.0]
+            if tc.valid_every and p.step % tc.valid_every == 0 and p.batch < len(batches):
+                self.validate_in_epoch()  # (the epoch's last update: end_of_epoch validates)
             if tc.save_every and p.step % tc.save_every == 0:
                 with p.timed():  # (recorded in the next checkpoint)
                     self.save()  # and a signal that came meanwhile stops here, not an update on
@@ -312,7 +312,8 @@ class Trainer:
         set_lr(self.optimizer, self.lr)
         ntokens = int(sum((self.train_tgt.lengths[idx] + 1).sum() for idx in group))
         mine, weight = self.ranks.share(group)
-        batches = [self.collate(idx) for idx in mine]
+        src, tgt, v = self.train_src, self.train_tgt, self.vocab
+        batches = [collate(i, src, tgt, v.pad, v.bos, v.eos).to(self.device) for i in mine]
         loss_sum = nll_sum = 0.0
         for i, batch in enumerate(batches):
             with self.ranks.no_sync(self.net, sync=i + 1 == len(batches)):
@@ -322,19 +323,11 @@ class Trainer:
             nll_sum += float(nll.detach()) * bool(weight)
         loss_sum, nll_sum = self.ranks.sum(loss_sum, nll_sum)
         if not math.isfinite(loss_sum) and not self.scaler.is_enabled():  # fp16: it skips
-            kept = (f"checkpoints kept in {ckpt.checkpoint_dir(self.out)}"
-                    if ckpt.list_checkpoints(self.out) else "no checkpoint written yet")
-            raise XindaError(
-                f"update {self.progress.step + 1}: the training loss is {loss_sum}; stopped "
-                f"before the weights changed ({kept}); lower train.lr or set train.clip_norm")
+            raise nonfinite_loss(self.progress.step + 1, loss_sum, self.out)
         stepped = optimizer_step(self.optimizer, self.scaler, self.progress.step + 1, tc.clip_norm)
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += stepped
         return (loss_sum, nll_sum, ntokens) if stepped else None
-
-    def collate(self, indices) -> Batch:
-        v = self.vocab
-        return collate(indices, self.train_src, self.train_tgt, v.pad, v.bos, v.eos).to(self.device)
 
     # ------------------------------------------------------------------ validation
     def end_of_epoch(self) -> bool:
@@ -352,6 +345,15 @@ class Trainer:
         with p.timed():  # the epoch's checkpoint counts as training time, its validation not
             self.save(off_grid=p.step % (self.cfg.train.save_every or 1) != 0)
         return stop
+
+    def validate_in_epoch(self) -> bool:
+        """Validate between two updates (``train.valid_every``, or a run stopped inside an
+        epoch), keeping the best weights; early stopping counts epoch ends. False: none."""
+        if not (self.cfg.train.run_validation and self.has_valid):
+            return False
+        self.ranks.main_only(self.validate_and_keep_best)
+        self.progress.validated_step = self.progress.step  # (all ranks: checkpoints record it)
+        return True
 
     def validate_epoch(self) -> bool:
         """Validate at an epoch's end and count it for early stopping; True to stop."""
