@@ -583,3 +583,56 @@ def test_valid_every_without_validation_warns(prepared, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="xinda"):
         run(prepared, tmp_path, valid_every=2, max_steps=2, run_validation="false")
     assert "train.valid_every 2 has no effect: train.run_validation is off" in caplog.text
+
+
+def test_a_time_limit_spent_by_a_mid_epoch_validation_stops_there(prepared, tmp_path,
+                                                                   monkeypatch):
+    """The validation at update 4 uses up train.max_seconds (a clock that only validations
+    move). Before: one more update ran and was validated again on the way out (found by
+    review)."""
+    clock, validate = [0.0], Trainer.validate
+
+    def slow_validate(trainer) -> dict:
+        clock[0] += 10.0
+        return validate(trainer)
+    monkeypatch.setattr(Trainer, "validate", slow_validate)
+    monkeypatch.setattr(Trainer, "wall_seconds", lambda trainer: clock[0])
+    assert run(prepared, tmp_path, valid_every=4, max_seconds=5).step == 4
+    assert validated_steps(tmp_path) == [4]
+
+
+def test_a_signal_during_a_mid_epoch_validation_stops_after_it(prepared, tmp_path,
+                                                               monkeypatch):
+    """Before: the stop request was read before the validation, so one more update ran and
+    the checkpoint was update 5's (found by review)."""
+    import signal
+
+    validate = Trainer.validate
+
+    def validate_then_signal(trainer) -> dict:
+        if trainer.progress.step == 4:  # as if SIGTERM came during the validation
+            trainer.signals.received = signal.SIGTERM
+        return validate(trainer)
+    monkeypatch.setattr(Trainer, "validate", validate_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        run(prepared, tmp_path, valid_every=4)
+    assert newest_progress(tmp_path)["step"] == 4
+
+
+def test_a_crash_after_the_first_mid_epoch_validation_can_resume(prepared, tmp_path,
+                                                                 monkeypatch):
+    """The first mid-epoch validation writes best.safetensors and a checkpoint with it. Before:
+    a crash before the epoch's end left best.safetensors without a checkpoint, and both a
+    new run and --resume were refused (found by review)."""
+    update = Trainer.update
+
+    def crash_at_3(trainer, group):
+        if trainer.progress.step == 3:
+            raise MemoryError("killed")
+        return update(trainer, group)
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "update", crash_at_3)
+        with pytest.raises(MemoryError):
+            run(prepared, tmp_path, valid_every=2)
+    assert newest_progress(tmp_path)["step"] == 2
+    assert run(prepared, tmp_path, resume=True, valid_every=2, max_steps=4).step == 4

@@ -34,8 +34,8 @@ class Progress:
     epoch_best: float | None = None
     epoch_best_loss: float = math.inf
     bad_epochs: int = 0  # epochs since the best one
-    # the update after which the run last reached a validation (an epoch end, or the end of a
-    # run stopped inside an epoch); None in checkpoints from before it: ``step``
+    # the update after which the run last validated (an epoch end, ``train.valid_every``, or the
+    # end of a run stopped inside an epoch); None in checkpoints from before it: ``step``
     validated_step: int | None = None
     lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
     # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
@@ -65,6 +65,15 @@ class Progress:
                   (tc.max_seconds and wall_seconds >= tc.max_seconds,
                    f"train.max_seconds {tc.max_seconds:g}")]
         return [name for hit, name in limits if hit]
+
+    def use_metric(self, metric: str) -> None:
+        """Validations score by ``metric`` from now on: another metric than the best score's
+        starts the best scores and early stopping's count over."""
+        if not same_metric(self.best_metric, metric):
+            log.warning("validation now scores by %s, not %s: the best score and early "
+                        "stopping's count start over", metric, self.best_metric)
+            self.reset_best()
+        self.best_metric = metric
 
     def reset_best(self) -> None:
         """Forget the best scores and early stopping's count (the scores change meaning)."""

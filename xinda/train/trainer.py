@@ -3,7 +3,7 @@ resume exactly, validation loss and score (BLEU, by a callable the caller passes
 ``xinda.evaluate.validation``), early stopping, progress bar, CSV log and curves.
 
 Stopping: SIGINT (Ctrl-C) or SIGTERM asks training to stop. The update under way (or the
-end-of-epoch validation and checkpoint) finishes, a checkpoint of that update boundary is
+validation and checkpoint after it) finishes, a checkpoint of that update boundary is
 written, and KeyboardInterrupt is raised (``xinda train`` prints "interrupted", exit code 130);
 ``--resume`` then continues exactly as if training had not stopped. A second signal stops at
 once, keeping the checkpoints already written. (``Trainer.train`` installs the handlers in the
@@ -37,7 +37,7 @@ from xinda.models.registry import build_model
 from xinda.train.curves import CsvLog, plot_curves
 from xinda.train.distributed import Ranks, lost_contact, settings_fingerprint
 from xinda.train.loss import LossSetup, batch_loss, corpus_loss
-from xinda.train.progress import Progress, beats, same_metric, validation_metric, warn_nothing_left
+from xinda.train.progress import Progress, beats, validation_metric, warn_nothing_left
 from xinda.train.run_dir import (
     apply_hyperparameters,
     check_batches_per_update,
@@ -274,8 +274,13 @@ class Trainer:
                 if self.ranks.is_main:
                     self.csv.write_window(p, self.lr)
                 window[:] = [0.0, 0.0, 0, 0.0]
-            if tc.valid_every and p.step % tc.valid_every == 0 and p.batch < len(batches):
-                self.validate_in_epoch()  # (the epoch's last update: end_of_epoch validates)
+            if (tc.valid_every and p.step % tc.valid_every == 0 and p.batch < len(batches)
+                    and self.validate_in_epoch()):  # (an epoch's last update: end_of_epoch's)
+                if self.saved_step is None:  # best.safetensors needs a checkpoint to resume
+                    with p.timed():
+                        self.save(off_grid=True)
+                asked, limit = self.ranks.any(asked or self.signals.received is not None,
+                                              limit or self.limit_reached())  # (after it)
             if tc.save_every and p.step % tc.save_every == 0:
                 with p.timed():  # (recorded in the next checkpoint)
                     self.save()  # and a signal that came meanwhile stops here, not an update on
@@ -347,8 +352,7 @@ class Trainer:
         return stop
 
     def validate_in_epoch(self) -> bool:
-        """Validate between two updates (``train.valid_every``, or a run stopped inside an
-        epoch), keeping the best weights; early stopping counts epoch ends. False: none."""
+        """Validate between updates (``train.valid_every``, a stop in an epoch); False: none."""
         if not (self.cfg.train.run_validation and self.has_valid):
             return False
         self.ranks.main_only(self.validate_and_keep_best)
@@ -375,12 +379,8 @@ class Trainer:
                        valid_bleu=scores.get("bleu"))
         plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
         score = scores.get("bleu", -scores["loss"])
-        metric = validation_metric(self.cfg, "bleu" in scores, self.manifest["splits"]["valid"])
-        if not same_metric(p.best_metric, metric):
-            log.warning("validation now scores by %s, not %s: the best score and early "
-                        "stopping's count start over", metric, p.best_metric)
-            p.reset_best()
-        p.best_metric = metric
+        p.use_metric(validation_metric(self.cfg, "bleu" in scores,
+                                       self.manifest["splits"]["valid"]))
         log.info("valid after update %d: loss %.3f ppl %.2f%s", p.step, scores["loss"],
                  math.exp(min(scores["nll"], 50)),
                  f" BLEU {scores['bleu']:.2f}" if "bleu" in scores else "")
