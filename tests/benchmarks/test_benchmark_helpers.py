@@ -601,3 +601,13 @@ def test_gpu_throughput_decode_speed_takes_turns_and_keeps_medians(tmp_path, mon
     assert warmed == [(5, 2)] and calls == [(5, 2), (5, 8), (1, 2), (1, 8)] * 3
     assert [(r["beam"], r["batch_size"], r["sents_per_s"]) for r in rows] == [
         (5, 2, 2.0), (5, 8, 4.0), (1, 2, 8.0), (1, 8, 2.0)]
+
+
+def test_dlcl_vs_big_times_the_first_validation_at_the_common_bleu():
+    """[seconds, update, BLEU] rows: the first at or above the target counts; None if none."""
+    import dlcl_vs_big
+
+    curve = [[10.0, 5, 1.0], [20.0, 10, 3.0], [30.0, 15, 2.5], [40.0, 20, 4.0]]
+    assert dlcl_vs_big.seconds_to(curve, 3.0) == 20.0
+    assert dlcl_vs_big.seconds_to(curve, 2.0) == 20.0
+    assert dlcl_vs_big.seconds_to(curve, 4.5) is None
