@@ -48,9 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import multi30k as bench
 
 from xinda.config import apply_overrides
-from xinda.evaluate.metrics import corpus_scores
 from xinda.train.curves import read_log
-from xinda.utils import read_lines
 
 PAIR = bench.PAIRS["en-de"]
 NORMS = ("post", "pre")
@@ -104,15 +102,7 @@ def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
     stats = json.loads((run_dir / "model" / "train_stats.json").read_text())
     rows = [r for r in read_log(run_dir / "model" / "log.csv") if "train_loss" in r]
 
-    test = bench.SHARED / PAIR["corpus"] / PAIR["test"]
-    hyp = run_dir / f"{PAIR['test']}.hyp"
-    bench.timed([*xinda, "translate", str(run_dir / "model"), "-i", f"{test}.{PAIR['src']}",
-           "-o", str(hyp), "--beam", str(args.beam), "--threads", str(args.run_threads),
-           *bench.decode_device()],
-          run_dir / "translate.log")
-    hyps = list(read_lines(hyp))
-    refs = list(read_lines(f"{test}.{PAIR['tgt']}"))
-    bleu = corpus_scores(hyps, refs, metrics=("bleu",))[0]
+    bleu = bench.score_test_set(run_dir / "model", run_dir, PAIR, args.beam, args.run_threads)
 
     losses = [r["train_loss"] for r in rows]
     finite = [x for x in losses if math.isfinite(x)]

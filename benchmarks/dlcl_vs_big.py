@@ -35,9 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import multi30k as bench
 
 from xinda.config import apply_overrides
-from xinda.evaluate.metrics import corpus_scores
 from xinda.train.curves import read_log
-from xinda.utils import read_lines
 
 ARMS = {"dlcl": {"preset": "transformer-dlcl"}, "big": {"preset": "transformer-big"}}
 XINDA = [sys.executable, "-m", "xinda.cli"]
@@ -80,14 +78,8 @@ def run_arm(work: Path, data_bin: Path, arm: str, args) -> dict:
     shutil.rmtree(model, ignore_errors=True)
     print(f"{arm}: training {cfg['model']['preset']} for {args.budget:g} s", flush=True)
     bench.timed([*XINDA, "train", str(cfg_path)], run_dir / "train.log")
-    pair = bench.PAIRS[args.pair]
-    test = bench.SHARED / pair["corpus"] / pair["test"]
-    hyp = run_dir / f"{pair['test']}.hyp"
-    bench.timed([*XINDA, "translate", str(model), "-i", f"{test}.{pair['src']}", "-o", str(hyp),
-                 "--beam", str(args.beam), "--threads", str(args.run_threads),
-                 *bench.decode_device()], run_dir / "translate.log")
-    bleu = corpus_scores(list(read_lines(hyp)), list(read_lines(f"{test}.{pair['tgt']}")),
-                         metrics=("bleu",), tokenize=pair["tokenize"])[0]
+    bleu = bench.score_test_set(model, run_dir, bench.PAIRS[args.pair], args.beam,
+                                args.run_threads)
     stats = json.loads((model / "train_stats.json").read_text())
     curve = bleu_curve(model)
     result = {"arm": arm, "preset": cfg["model"]["preset"], "params": stats["parameters"],

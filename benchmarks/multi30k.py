@@ -186,6 +186,21 @@ def timed(cmd: list[str], log_path: Path, append: bool = False) -> dict:
     return {"wall_s": time.time() - start, "peak_rss_mb": int(rss_file.read_text()) / 1024}
 
 
+def score_test_set(model: Path, run_dir: Path, pair: dict, beam: int, threads: int):
+    """Translate ``pair``'s test set with ``model`` into run_dir/TEST.hyp (its log:
+    run_dir/translate.log) and score it against the references: sacreBLEU's BLEU."""
+    from xinda.evaluate.metrics import corpus_scores
+    from xinda.utils import read_lines
+
+    test = SHARED / pair["corpus"] / pair["test"]
+    hyp = run_dir / f"{pair['test']}.hyp"
+    timed([sys.executable, "-m", "xinda.cli", "translate", str(model), "-i",
+           f"{test}.{pair['src']}", "-o", str(hyp), "--beam", str(beam), "--threads",
+           str(threads), *decode_device()], run_dir / "translate.log")
+    return corpus_scores(list(read_lines(hyp)), list(read_lines(f"{test}.{pair['tgt']}")),
+                         metrics=("bleu",), tokenize=pair["tokenize"])[0]
+
+
 def prepare_once(cfg: dict, work: Path, label: str = "") -> None:
     """``xinda prepare`` the data of ``cfg`` into its data.out_dir unless a manifest is there
     (config and log in ``work``): one prepared with other data settings is an error (before, a

@@ -38,9 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import multi30k as bench
 
 from xinda.config import apply_overrides
-from xinda.evaluate.metrics import corpus_scores
 from xinda.train.curves import read_log
-from xinda.utils import read_lines
 
 ARMS = ("scratch", "progressive")
 XINDA = [sys.executable, "-m", "xinda.cli"]
@@ -107,15 +105,8 @@ def run_arm(work: Path, data_bin: Path, arm: str, args) -> dict:
         bench.timed(deep_phase(deep, args), run_dir / "train.log", append=True)
         model = deep
 
-    pair = bench.PAIRS[args.pair]
-    test = bench.SHARED / pair["corpus"] / pair["test"]
-    hyp = run_dir / f"{pair['test']}.hyp"
-    bench.timed([*XINDA, "translate", str(model), "-i", f"{test}.{pair['src']}", "-o", str(hyp),
-                 "--beam", str(args.beam), "--threads", str(args.run_threads),
-                 *bench.decode_device()],
-                run_dir / "translate.log")
-    bleu = corpus_scores(list(read_lines(hyp)), list(read_lines(f"{test}.{pair['tgt']}")),
-                         metrics=("bleu",), tokenize=pair["tokenize"])[0]
+    bleu = bench.score_test_set(model, run_dir, bench.PAIRS[args.pair], args.beam,
+                                args.run_threads)
     stats = json.loads((model / "train_stats.json").read_text())
     curve = valid_curve(model)
     result = {
