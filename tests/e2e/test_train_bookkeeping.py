@@ -564,6 +564,25 @@ def test_valid_every_validates_inside_epochs_and_each_epoch_end_once(prepared, t
     assert progress.best == -1.0  # best.safetensors holds update 4's weights
 
 
+def test_an_epoch_ending_in_skipped_updates_counts_its_mid_epoch_validation(
+        prepared, tmp_path, per_epoch, monkeypatch):
+    """valid_every validates update per_epoch - 1, then fp16 skips the epoch's last batch
+    (an overflow): the epoch's end counts that validation for early stopping, without a
+    second one. A constant loss improves once, then patience 1 stops after epoch 2. Before:
+    epoch 1 went uncounted, and a third epoch ran."""
+    update = Trainer.update
+
+    def overflow_at_the_end_of_epoch_1(trainer, group):
+        p = trainer.progress
+        return None if (p.epoch, p.batch) == (1, per_epoch - 1) else update(trainer, group)
+    monkeypatch.setattr(Trainer, "update", overflow_at_the_end_of_epoch_1)
+    monkeypatch.setattr(Trainer, "validate", lambda trainer: {"loss": 5.0, "nll": 5.0})
+    assert per_epoch >= 3
+    progress = run(prepared, tmp_path, valid_every=per_epoch - 1, patience=1, max_epochs=3)
+    assert (progress.step, progress.bad_epochs) == (2 * per_epoch - 1, 1)
+    assert validated_steps(tmp_path) == [per_epoch - 1, 2 * per_epoch - 2, 2 * per_epoch - 1]
+
+
 def test_valid_every_resumes_exactly(prepared, tmp_path, per_epoch):
     """Stopped after update 6 (between two validations) and resumed: the same validations, at
     the same updates, with the same losses, as one uninterrupted run, and the one where the

@@ -37,6 +37,9 @@ class Progress:
     # the update after which the run last validated (an epoch end, ``train.valid_every``, or the
     # end of a run stopped inside an epoch); None in checkpoints from before it: ``step``
     validated_step: int | None = None
+    # the update after which an epoch's end last counted for early stopping; None in
+    # checkpoints from before it: ``validated_step``
+    counted_step: int | None = None
     lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
     # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
     # ends and resumes: every update is in exactly one row)
@@ -49,6 +52,8 @@ class Progress:
             self.epoch_best, self.epoch_best_loss = self.best, self.best_loss
         if self.validated_step is None:
             self.validated_step = self.step
+        if self.counted_step is None:
+            self.counted_step = self.validated_step
 
     @contextmanager
     def timed(self) -> Iterator[None]:
@@ -65,6 +70,11 @@ class Progress:
                   (tc.max_seconds and wall_seconds >= tc.max_seconds,
                    f"train.max_seconds {tc.max_seconds:g}")]
         return [name for hit, name in limits if hit]
+
+    def stopped_early(self, tc: TrainConfig, has_valid: bool) -> bool:
+        """Whether early stopping has triggered (without validation patience has no effect)."""
+        return bool(tc.patience and tc.run_validation and has_valid
+                    and self.bad_epochs >= tc.patience)
 
     def use_metric(self, metric: str) -> None:
         """Validations score by ``metric`` from now on: another metric than the best score's

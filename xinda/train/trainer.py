@@ -102,6 +102,7 @@ class Trainer:
         self.progress, self.valid_bleu = Progress(), valid_bleu
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
         self.saved_step: int | None = None  # the update of the newest checkpoint
+        self.last_validation: tuple[int, float, float] | None = None  # update, score, loss
         self._clock, self._wall_base = time.perf_counter(), 0.0  # see ``wall_seconds``
         warn_validation_settings(tc, self.has_valid, valid_bleu is not None)
         self.start_rng = self.ranks.rng_state()  # what train() draws from (not resumed)
@@ -294,9 +295,7 @@ class Trainer:
         return False
 
     def stopped_early(self) -> bool:
-        tc = self.cfg.train  # (without validation patience has no effect, as warned)
-        return bool(tc.patience and tc.run_validation and self.has_valid
-                    and self.progress.bad_epochs >= tc.patience)
+        return self.progress.stopped_early(self.cfg.train, self.has_valid)
 
     def limit_reached(self) -> bool:
         return bool(self.progress.limits_reached(self.cfg.train, self.wall_seconds()))
@@ -341,12 +340,12 @@ class Trainer:
         stopping triggers, or a limit (the validation's time counted) before the checkpoint,
         which then records the time spent: a resumed run stops at once."""
         p = self.progress
-        # rank 0 validates (not weights validated already: an epoch whose fp16 updates all
-        # overflowed); the others follow its decision, and fail with its error
-        stop = (self.cfg.train.run_validation and self.has_valid and p.validated_step != p.step
+        # rank 0 counts the epoch (not weights an epoch's end counted already: an epoch whose
+        # fp16 updates all overflowed); the others follow its decision, and fail with its error
+        stop = (self.cfg.train.run_validation and self.has_valid and p.counted_step != p.step
                 and self.ranks.main_only(self.validate_epoch))
         stop = self.ranks.any(self.limit_reached())[0] or stop
-        p.epoch, p.batch, p.validated_step = p.epoch + 1, 0, p.step
+        p.epoch, p.batch, p.validated_step, p.counted_step = p.epoch + 1, 0, p.step, p.step
         with p.timed():  # the epoch's checkpoint counts as training time, its validation not
             self.save(off_grid=p.step % (self.cfg.train.save_every or 1) != 0)
         return stop
@@ -360,9 +359,9 @@ class Trainer:
         return True
 
     def validate_epoch(self) -> bool:
-        """Validate at an epoch's end and count it for early stopping; True to stop."""
-        p = self.progress
-        score, loss = self.validate_and_keep_best()
+        """Count the epoch for early stopping (by this update's validation if any); True to stop."""
+        p, last = self.progress, self.last_validation
+        score, loss = last[1:] if last and last[0] == p.step else self.validate_and_keep_best()
         if improved := beats(score, loss, p.epoch_best, p.epoch_best_loss):
             p.epoch_best, p.epoch_best_loss = score, loss
         p.bad_epochs = 0 if improved else p.bad_epochs + 1
@@ -387,6 +386,7 @@ class Trainer:
         if beats(score, scores["loss"], p.best, p.best_loss):
             ckpt.save_weights(self.model, self.out / "best.safetensors")
             p.best, p.best_loss = score, scores["loss"]
+        self.last_validation = (p.step, score, scores["loss"])
         return score, scores["loss"]
 
     def validate(self) -> dict[str, float]:
