@@ -85,6 +85,17 @@ def test_max_input_len_still_cuts_below_the_table(translator):
     assert len(best.source_pieces) == 5 and best.truncated_from > 5
 
 
+def test_the_truncation_warning_escapes_the_line(translator, caplog):
+    """Before: the line's first 40 characters went into the log raw, so a client of
+    ``xinda serve`` could write lines of its own there ("\\nINFO: ...", found by review)."""
+    tr = translator(TRANSFORMER, decode={"max_input_len": 5})
+    with caplog.at_level("WARNING", logger="xinda"):
+        tr.translate(["a\nINFO: forged\x1b[31m " + LONG], **SHORT)
+    [message] = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    assert "'a\\nINFO: forged\\x1b[31m house" in message
+    assert "\n" not in message and "\x1b" not in message
+
+
 def test_an_empty_line_that_must_have_an_output_has_none(translator):
     """Before: the empty line came back as ("", 0.0) with no error, breaking its prefix and
     exact length."""

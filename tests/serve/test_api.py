@@ -302,13 +302,18 @@ BAD_JSON = [
     (b'{"model": "\\ud800", "text": "one"}', 400, "bad_encoding"),
     (b'{"text": "one", "constraints": {"\\udc00": 1}}', 400, "bad_encoding"),
     (b'{"\\ud800": 1}', 400, "bad_encoding"),
+    # before: 200, BOM-less UTF-16 and UTF-32 of ASCII are valid UTF-8 (with NULs), and
+    # json.loads read them as what they are (found by review)
+    ('{"model": "numbers", "text": "one"}'.encode("utf-16-le"), 400, "bad_encoding"),
+    ('{"model": "numbers", "text": "one"}'.encode("utf-32-be"), 400, "bad_encoding"),
     (b"", 422, "invalid_request"),
     (b"[]", 422, "invalid_request"),
     (b'"text"', 422, "invalid_request"),
 ]
 
 
-@pytest.mark.parametrize(("body", "status", "code"), BAD_JSON)
+@pytest.mark.parametrize(("body", "status", "code"), BAD_JSON,
+                         ids=lambda v: ascii(v)[:40] if isinstance(v, bytes) else None)
 def test_malformed_bodies(client, body, status, code):
     response = client.post("/v1/translate", content=body,
                            headers={"content-type": "application/json"})
@@ -440,6 +445,12 @@ def test_limits_on_texts_characters_and_body(make_client):
         assert_error(post(client, "/v1/translate", text=["one"] * 4), 422, "too_many_texts")
         assert_error(post(client, "/v1/translate", text=["one", "x" * 21]), 422,
                      "text_too_long", "text[1]")
+        # before: counted before NFKC, which writes U+FDFA as 18 characters: 1000 of them in a
+        # line were 18,000 to tokenise, 4 times (found by review)
+        assert_error(post(client, "/v1/translate", text=["one", "\ufdfa" * 2]), 422,
+                     "text_too_long", "text[1]: 36 characters after NFKC normalisation, at "
+                     "most 20")
+        assert post(client, "/v1/translate", text="\ufdfa").status_code == 200
         assert_error(post(client, "/v1/translate", text="one", constraints={"prefix": ["1" * 21]}),
                      422, "text_too_long", "constraints.prefix[0]")
         assert_error(client.post("/v1/translate", content=b"x" * 10_000_000), 413, "too_large")
@@ -468,6 +479,10 @@ def test_a_list_over_max_items_is_refused_before_its_items_are_checked(make_clie
         assert any(e["type"] == "too_long" for e in info.value.errors())
     with make_client(max_body_bytes=10 << 20) as client:
         assert post(client, "/v1/translate", text=over).status_code == 422
+        # before: "text: Input should be a valid string", the str branch's error of the union
+        # (found by review)
+        assert_error(post(client, "/v1/translate", text=["one"] * (MAX_ITEMS + 1)), 422,
+                     "invalid_request", f"text: List should have at most {MAX_ITEMS} items")
     with pytest.raises(ValueError, match="max_texts"):
         ServeSettings(max_texts=MAX_ITEMS + 1)
 
@@ -548,6 +563,9 @@ def test_a_wrong_method_or_path_is_405_or_404_whatever_its_body(client):
                  "method_not_allowed")
     assert_error(client.post("/health", content=b"x", headers=text), 405, "method_not_allowed")
     assert_error(client.post("/no/such/path", content=b"\xff", headers=text), 404, "not_found")
+    # before: a 307 with no body to the path without its "/", before any check (by review)
+    assert_error(client.post("/v1/translate/", content=b"{}"), 404, "not_found")
+    assert_error(client.get("/health/"), 404, "not_found")
     assert_error(client.post("/v1/translate", content=b"x", headers=text), 415,
                  "unsupported_media_type")
 

@@ -106,6 +106,18 @@ def test_an_abandoned_job_stops_counting_at_once(batches):
     assert batches == [["x"]] and w.depth() == 0
 
 
+def test_an_abandoned_job_is_not_measured(batches, monkeypatch):
+    """Measuring a job tokenises all its texts, seconds for long ones: before, the worker
+    did it for jobs whose requests had gone, holding up the others (found by review)."""
+    measured: list[list[str]] = []
+    monkeypatch.setattr(worker, "cost", lambda _tr, _kind, inputs: measured.append(inputs) or 1)
+    w, gone = make_worker(max_wait_ms=0), job("gone")
+    w.submit(gone)
+    gone.abandon()
+    assert run_all(w, [job("x")]) == [["X"]]
+    assert measured == [["x"]]
+
+
 def test_the_worker_survives_any_exception(batches, monkeypatch):
     """A failure outside the runner (here: the metrics) is logged; the thread goes on."""
     w = make_worker(max_wait_ms=0)

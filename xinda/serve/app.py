@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import socket
+import unicodedata
 from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -113,8 +114,10 @@ class Service:
                 raise ApiError(422, "invalid_request", f"{field}[{i}]: empty text (or control "
                                "and invisible characters only); send only lines with something "
                                "to translate")
-            if len(line) > limits.max_chars:
-                raise ApiError(422, "text_too_long", f"{field}[{i}]: {len(line)} characters, "
+            chars = len(line) if len(line) > limits.max_chars else normalized_length(line)
+            if chars > limits.max_chars:
+                grown = " after NFKC normalisation" * (chars > len(line))
+                raise ApiError(422, "text_too_long", f"{field}[{i}]: {chars} characters{grown}, "
                                f"at most {limits.max_chars}")
         return texts
 
@@ -200,6 +203,12 @@ async def results(job: Job, request: Request) -> list:
     if not answer.cancelled():
         return answer.result()
     raise ApiError(CLIENT_GONE, "client_gone", "the client disconnected before its answer")
+
+
+def normalized_length(text: str) -> int:
+    """Characters of ``text``, or of its NFKC form if more: what a text pipeline may tokenise
+    (NFKC writes one character as up to 18: U+FDFA)."""
+    return max(len(text), len(unicodedata.normalize("NFKC", text)))
 
 
 async def disconnected(request: Request) -> None:
@@ -325,6 +334,7 @@ def create_app(models: Mapping[str, ServedModel], settings: ServeSettings | None
             worker.stop()
 
     app = FastAPI(title="xinda", version=__version__, lifespan=lifespan,
+                  redirect_slashes=False,  # (a 307 to the same path + "/" before any check)
                   description="Translation, couplets and poems with trained xinda models, "
                   "batched across requests.")
     app.state.service = svc

@@ -44,7 +44,8 @@ def serve(
                        ] = _serve_default("timeout_s"),
     max_texts: Annotated[int, typer.Option(help="texts per request")
                          ] = _serve_default("max_texts"),
-    max_chars: Annotated[int, typer.Option(help="characters per text")
+    max_chars: Annotated[int, typer.Option(
+        help="characters per text (or of its NFKC form, if more)")
                          ] = _serve_default("max_chars"),
     max_body_bytes: Annotated[int, typer.Option(help="request body size (beyond: 413)")
                               ] = _serve_default("max_body_bytes"),

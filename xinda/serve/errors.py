@@ -51,8 +51,10 @@ def field_path(loc: tuple) -> str:
 
 def validation_message(err: RequestValidationError) -> tuple[int, str, str]:
     """(status, code, message) of FastAPI's validation error: its deepest error (of a union's
-    alternatives, the one that got furthest), by field."""
-    first = max(err.errors(), key=lambda e: len(e.get("loc", ())))
+    alternatives, the one that got furthest, and of those not a wrong type: a list too long
+    rather than "not a string"), by field."""
+    first = max(err.errors(), key=lambda e: (len(e.get("loc", ())),
+                                            not str(e.get("type")).endswith("_type")))
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", "not valid JSON")
         return 400, "bad_json", f"the request body is not valid JSON: {reason}"

@@ -104,6 +104,10 @@ class RequestGuard:
                                      "JSON: send Content-Type: application/json")
         if refusal is None and not _is_utf8(body):
             refusal = error_response(400, "bad_encoding", "the request body is not valid UTF-8")
+        if refusal is None and b"\x00" in body:  # (valid UTF-8, and what json.loads would read
+            refusal = error_response(  # as UTF-16 or UTF-32: JSON holds no raw NUL)
+                400, "bad_encoding", "the request body holds NUL bytes: send JSON as UTF-8, "
+                "not UTF-16 or UTF-32")
         if refusal is not None:
             await refusal(scope, receive, send)
             return True

@@ -27,7 +27,7 @@ class ServeSettings(BaseModel):
     # per request, queueing included; then 504 (not 408, which browsers send again)
     timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
     max_texts: int = Field(64, ge=1, le=10_000)  # texts per request (schemas.MAX_ITEMS)
-    max_chars: int = Field(1000, ge=1)  # characters per text
+    max_chars: int = Field(1000, ge=1)  # characters per text (or of its NFKC form)
     max_body_bytes: int = Field(1 << 20, ge=1)  # request body size; beyond: 413
     # decoder row-steps per request (sum over its texts of beam or samples x output length
     # limit); beyond: 422. 64 texts of 50 tokens at beam 5 take ~28,000

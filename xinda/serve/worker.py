@@ -123,6 +123,8 @@ class Worker:
             job = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
         except queue.Empty:
             return None
+        if job.abandoned.is_set():  # (counting tokenises every text: not for nothing)
+            return job
         try:
             job.tokens = cost(self.model.translator, job.kind, job.inputs)
         except Exception:  # noqa: BLE001 - the runner will say what is wrong with the job
