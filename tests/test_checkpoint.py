@@ -64,6 +64,21 @@ def test_a_corrupt_newer_checkpoint_does_not_take_a_kept_place(tmp_path):
         "step_0000011.safetensors", "step_0000011.state.json", "step_0000011.state.safetensors"]
 
 
+def test_format_2_is_still_read_and_its_progress_counts_its_last_validation(tmp_path):
+    """Format 3 added Progress.counted_step and validated_score: a format-2 state has neither
+    and loads, counting its epoch ends as before (up to validated_step)."""
+    from xinda.train.progress import Progress
+
+    weights = save_checkpoint(tmp_path, 4, torch.nn.Linear(2, 2),
+                              {"progress": {"step": 4, "validated_step": 3}}, keep_last=1)
+    meta = weights.with_suffix(".state.json")
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "format_version": 2}))
+    state = load_state(weights)
+    assert state["format_version"] == 2
+    progress = Progress(**state["progress"])
+    assert (progress.counted_step, progress.validated_score) == (3, None)
+
+
 def test_a_newer_format_asks_for_a_newer_xinda():
     with pytest.raises(XindaError, match=rf"format {FORMAT_VERSION + 1} is newer .* upgrade xinda"):
         check_format({"format_version": FORMAT_VERSION + 1}, Path("x.state.json"))
@@ -82,7 +97,8 @@ def test_load_state_refuses_a_state_of_another_format(tmp_path):
     meta = weights.with_suffix(".state.json")
     document = json.loads(meta.read_text(encoding="utf-8"))
     meta.write_text(json.dumps({**document, "format_version": FORMAT_VERSION + 1}))
-    with pytest.raises(XindaError, match="step_0000001.state.json: checkpoint format 3 is newer"):
+    with pytest.raises(XindaError, match=f"step_0000001.state.json: checkpoint format "
+                                         f"{FORMAT_VERSION + 1} is newer"):
         load_state(weights)
     with pytest.raises(XindaError, match="upgrade xinda"):  # not silently skipped as torn
         list_checkpoints(tmp_path)

@@ -6,14 +6,15 @@ Below both ``xinda.train`` (which writes them) and ``xinda.decode`` (which loads
 
 A model directory holds ``best.safetensors`` (best validation score), ``averaged.safetensors``
 when ``xinda average`` was run, and in ``checkpoints/`` one checkpoint per saved update N
-(format 2), three files written in this order::
+(format 3; format 2, whose progress lacks ``counted_step`` and ``validated_score``, is read
+too), three files written in this order::
 
     step_NNNNNNN.safetensors        the model weights
     step_NNNNNNN.state.safetensors  every tensor of the training state, named by its path in the
                                     state: ``optimizer.state.<param index>.<key>`` (Adam's
                                     ``exp_avg``, ``exp_avg_sq``, ``step``), ``rng`` (torch's CPU
                                     generator state)
-    step_NNNNNNN.state.json         {"format_version": 2, "step": N,
+    step_NNNNNNN.state.json         {"format_version": 3, "step": N,
                                      "files": {name: {"bytes": ..., "sha256": ...}} of the two
                                      files above, "state": everything else (optimizer
                                      param_groups, GradScaler state, progress), each tensor
@@ -53,7 +54,8 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from xinda.errors import XindaError
 from xinda.utils import atomic_save, interrupts_deferred
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # raised with every field a training state gains: an older xinda says so
+READABLE_FORMATS = (2, 3)
 _STEP = re.compile(r"step_(\d+)\.safetensors")
 _STEP_PREFIX = re.compile(r"step_(\d+)\.")  # of any of a checkpoint's three files
 _TENSOR = "__tensor__"  # {"__tensor__": name} stands for a tensor of the .state.safetensors file
@@ -374,10 +376,11 @@ def _refuse_format_1(folder: Path, weights: Path | None = None) -> None:
 
 
 def check_format(state: dict, path: Path) -> None:
-    """Raise XindaError unless ``state`` was written in FORMAT_VERSION (a newer one needs a newer
-    xinda, format 1 is refused for safety, anything else is not a xinda training state)."""
+    """Raise XindaError unless ``state`` was written in one of READABLE_FORMATS (a newer one
+    needs a newer xinda, format 1 is refused for safety, anything else is not a xinda training
+    state)."""
     version = state.get("format_version") if isinstance(state, dict) else None
-    if version == FORMAT_VERSION:
+    if type(version) is int and version in READABLE_FORMATS:
         return
     if isinstance(version, int) and version > FORMAT_VERSION:
         raise XindaError(f"{path}: checkpoint format {version} is newer than this xinda reads "

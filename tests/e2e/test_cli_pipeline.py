@@ -207,6 +207,13 @@ def test_models_lists_presets_with_parameter_counts(xinda):
     params = {name: int(row[2].replace(",", "")) for name, row in rows.items()}
     assert params["transformer-tiny"] < params["transformer-base"] < params["transformer-big"]
     assert 40_000_000 < params["transformer-base"] < 80_000_000  # ~60M with a 32k joint vocab
+    # counted on the meta device: as many as a built model has
+    from xinda.data.vocab import VocabInfo
+    from xinda.models.registry import build_model, list_presets
+    for name in ("rnn-luong-local-p", "transformer-dlcl"):
+        cfg = next(cfg for preset, _, cfg in list_presets() if preset == name)
+        built = build_model(cfg, VocabInfo(32000, 32000, 0, 2, 3, True))
+        assert params[name] == built.num_parameters()
 
 
 def test_python_api(trained, inputs):

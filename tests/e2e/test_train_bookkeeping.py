@@ -191,13 +191,15 @@ def test_the_time_budget_counts_the_runs_before_a_resume(prepared, tmp_path):
     assert again.step == first.step
 
 
-@pytest.mark.parametrize(("save_every", "validation"), [(0, "true"), (1, "false")])
+@pytest.mark.parametrize(("save_every", "validation", "valid_every"),
+                         [(0, "true", 0), (1, "false", 0), (0, "true", 2)])
 def test_the_last_checkpoint_of_a_run_out_of_time_records_the_time(prepared, tmp_path,
                                                                   monkeypatch, save_every,
-                                                                  validation):
-    """Before: an epoch's checkpoint (or a save_every one) was written before the time check
-    that followed it, so a budget that ran out while it saved was recorded as not spent, and
-    --resume trained on (the cause of a flaky test). Here saving takes 1 s of a 0.5 s budget."""
+                                                                  validation, valid_every):
+    """Before: an epoch's checkpoint (or a save_every one, or the first one after a
+    valid_every validation: found by review) was written before the time check that followed
+    it, so a budget that ran out while it saved was recorded as not spent, and --resume
+    trained on (the cause of a flaky test). Here saving takes 1 s of a 0.5 s budget."""
     clock = [0.0]
     save = Trainer.save
 
@@ -208,9 +210,10 @@ def test_the_last_checkpoint_of_a_run_out_of_time_records_the_time(prepared, tmp
         patched.setattr(Trainer, "save", slow_save)
         patched.setattr(Trainer, "wall_seconds", lambda trainer: clock[0])
         first = run(prepared, tmp_path, max_seconds=0.5, save_every=save_every,
-                    run_validation=validation)
+                    run_validation=validation, valid_every=valid_every)
     assert newest_progress(tmp_path)["wall_seconds"] >= 0.5
-    again = run(prepared, tmp_path, resume=True, max_seconds=0.5, run_validation=validation)
+    again = run(prepared, tmp_path, resume=True, max_seconds=0.5, run_validation=validation,
+                valid_every=valid_every)
     assert again.step == first.step
 
 
@@ -578,9 +581,16 @@ def test_an_epoch_ending_in_skipped_updates_counts_its_mid_epoch_validation(
     monkeypatch.setattr(Trainer, "update", overflow_at_the_end_of_epoch_1)
     monkeypatch.setattr(Trainer, "validate", lambda trainer: {"loss": 5.0, "nll": 5.0})
     assert per_epoch >= 3
-    progress = run(prepared, tmp_path, valid_every=per_epoch - 1, patience=1, max_epochs=3)
+    settings = {"valid_every": per_epoch - 1, "patience": 1, "max_epochs": 3}
+    progress = run(prepared, tmp_path / "whole", **settings)
     assert (progress.step, progress.bad_epochs) == (2 * per_epoch - 1, 1)
-    assert validated_steps(tmp_path) == [per_epoch - 1, 2 * per_epoch - 2, 2 * per_epoch - 1]
+    steps = [per_epoch - 1, 2 * per_epoch - 2, 2 * per_epoch - 1]
+    assert validated_steps(tmp_path / "whole") == steps
+    # stopped after that validation and resumed: the checkpoint's score counts, the same rows
+    # (before: update per_epoch - 1 validated twice, found by review)
+    run(prepared, tmp_path / "parts", max_steps=per_epoch - 1, **settings)
+    assert run(prepared, tmp_path / "parts", resume=True, **settings).step == progress.step
+    assert validated_steps(tmp_path / "parts") == steps
 
 
 def test_valid_every_resumes_exactly(prepared, tmp_path, per_epoch):

@@ -254,13 +254,16 @@ def grow(model_dir: Path,
 @command
 def models() -> None:
     """List registered model presets with their parameter counts (32k joint vocabulary)."""
+    import torch
+
     from xinda.data.vocab import VocabInfo
     from xinda.models.registry import PRESET_NOTES, build_model, list_presets
 
     vocab = VocabInfo(32000, 32000, 0, 2, 3, True)
     say(f"{'preset':<28} {'arch':<12} {'parameters':>14}  description")
     for name, arch, cfg in list_presets():
-        params = build_model(cfg, vocab).num_parameters()
+        with torch.device("meta"):  # shapes only: no memory, no initialisation (18 -> 6 s)
+            params = build_model(cfg, vocab).num_parameters()
         say(f"{name:<28} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
 
 

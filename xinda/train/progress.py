@@ -40,6 +40,9 @@ class Progress:
     # the update after which an epoch's end last counted for early stopping; None in
     # checkpoints from before it: ``validated_step``
     counted_step: int | None = None
+    # the score and loss of the validation at ``validated_step``, under ``best_metric``: what
+    # an epoch's end counts when fp16 skipped the updates after a mid-epoch validation
+    validated_score: list[float] | None = None
     lr_resets: list[int] = field(default_factory=list)  # steps after which the model was grown
     # loss, NLL, target tokens and seconds of the updates since the last log row (across epoch
     # ends and resumes: every update is in exactly one row)
@@ -89,7 +92,7 @@ class Progress:
         """Forget the best scores and early stopping's count (the scores change meaning)."""
         self.best = self.epoch_best = -math.inf
         self.best_loss = self.epoch_best_loss = math.inf
-        self.bad_epochs = 0
+        self.bad_epochs, self.validated_score = 0, None
 
 
 def beats(score: float, loss: float, best: float, best_loss: float) -> bool:

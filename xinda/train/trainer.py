@@ -6,10 +6,9 @@ Stopping: SIGINT (Ctrl-C) or SIGTERM asks training to stop. The update under way
 validation and checkpoint after it) finishes, a checkpoint of that update boundary is
 written, and KeyboardInterrupt is raised (``xinda train`` prints "interrupted", exit code 130);
 ``--resume`` then continues exactly as if training had not stopped. A second signal stops at
-once, keeping the checkpoints already written. (``Trainer.train`` installs the handlers in the
-main thread only and restores the previous ones.) Under torchrun all ranks agree on when to
-stop, and a signal repeated within a second counts once (torchrun passes on the Ctrl-C its
-ranks already got from the terminal). Data-parallel training: ``xinda.train.distributed``.
+once, keeping the checkpoints already written (handlers: ``xinda.train.signals``). Under
+torchrun all ranks agree on when to stop, and a signal repeated within a second counts once
+(torchrun passes on the Ctrl-C its ranks already got from the terminal).
 """
 
 from __future__ import annotations
@@ -100,9 +99,10 @@ class Trainer:
         if self.ranks.is_main:
             warn_data_fit(cfg, self.train_src, self.train_tgt, self.vocab)
         self.progress, self.valid_bleu = Progress(), valid_bleu
+        self.metric = validation_metric(cfg, valid_bleu is not None,  # what validations score
+                                        self.manifest["splits"].get("valid", {}))
         self.signals = StopSignals(self.ranks.enabled)  # SIGINT/SIGTERM while training
         self.saved_step: int | None = None  # the update of the newest checkpoint
-        self.last_validation: tuple[int, float, float] | None = None  # update, score, loss
         self._clock, self._wall_base = time.perf_counter(), 0.0  # see ``wall_seconds``
         warn_validation_settings(tc, self.has_valid, valid_bleu is not None)
         self.start_rng = self.ranks.rng_state()  # what train() draws from (not resumed)
@@ -277,11 +277,11 @@ class Trainer:
                 window[:] = [0.0, 0.0, 0, 0.0]
             if (tc.valid_every and p.step % tc.valid_every == 0 and p.batch < len(batches)
                     and self.validate_in_epoch()):  # (an epoch's last update: end_of_epoch's)
-                if self.saved_step is None:  # best.safetensors needs a checkpoint to resume
-                    with p.timed():
-                        self.save(off_grid=True)
                 asked, limit = self.ranks.any(asked or self.signals.received is not None,
                                               limit or self.limit_reached())  # (after it)
+                if self.saved_step is None:  # best.safetensors needs a checkpoint to resume
+                    with p.timed():  # (a limit or signal meanwhile stops after the next update)
+                        self.save(off_grid=True)
             if tc.save_every and p.step % tc.save_every == 0:
                 with p.timed():  # (recorded in the next checkpoint)
                     self.save()  # and a signal that came meanwhile stops here, not an update on
@@ -360,8 +360,9 @@ class Trainer:
 
     def validate_epoch(self) -> bool:
         """Count the epoch for early stopping (by this update's validation if any); True to stop."""
-        p, last = self.progress, self.last_validation
-        score, loss = last[1:] if last and last[0] == p.step else self.validate_and_keep_best()
+        p = self.progress
+        score, loss = (p.validated_score if p.validated_step == p.step and p.validated_score
+                       and p.best_metric == self.metric else self.validate_and_keep_best())
         if improved := beats(score, loss, p.epoch_best, p.epoch_best_loss):
             p.epoch_best, p.epoch_best_loss = score, loss
         p.bad_epochs = 0 if improved else p.bad_epochs + 1
@@ -378,15 +379,14 @@ class Trainer:
                        valid_bleu=scores.get("bleu"))
         plot_curves(self.out / "log.csv", self.out / "curves.png", str(self.out.name))
         score = scores.get("bleu", -scores["loss"])
-        p.use_metric(validation_metric(self.cfg, "bleu" in scores,
-                                       self.manifest["splits"]["valid"]))
+        p.use_metric(self.metric)
         log.info("valid after update %d: loss %.3f ppl %.2f%s", p.step, scores["loss"],
                  math.exp(min(scores["nll"], 50)),
                  f" BLEU {scores['bleu']:.2f}" if "bleu" in scores else "")
         if beats(score, scores["loss"], p.best, p.best_loss):
             ckpt.save_weights(self.model, self.out / "best.safetensors")
             p.best, p.best_loss = score, scores["loss"]
-        self.last_validation = (p.step, score, scores["loss"])
+        p.validated_score = [score, scores["loss"]]
         return score, scores["loss"]
 
     def validate(self) -> dict[str, float]:
