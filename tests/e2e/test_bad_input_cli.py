@@ -5,6 +5,7 @@ one ``xinda: error:`` line naming the file and the cause, and nothing is written
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -254,6 +255,56 @@ def test_translate_refuses_to_write_over_its_own_inputs(trained, xinda, one_line
     for new in ("test.hyp", "eval/test.hyp.json"):  # new files (found by review: refused)
         xinda("translate", model, "-i", source, "-o", model / new)
         assert len((model / new).read_text().splitlines()) == 1
+
+
+def test_translate_refuses_new_weights_data_files_and_its_plot_folder_before_decoding(
+        trained, tmp_path):
+    """Before (found by review): -o MODEL/averaged.safetensors (not there yet) was written,
+    and every later translate of MODEL failed to read it as weights; -o a file of the prepared
+    data the model's config names replaced it (training could not resume); -o the
+    --attention-plot folder failed after decoding."""
+    from xinda.cli.translate import _check_outputs
+    from xinda.errors import XindaError
+
+    model = tmp_path / "model"
+    shutil.copytree(trained.model_dir, model)
+    data_file = next(p for p in Path(trained.prepared.data_dir).iterdir() if p.is_file())
+    for output, plots, fragment in [
+            (model / "averaged.safetensors", None, "would replace a file of the model folder"),
+            (data_file, None, "the prepared data of"),
+            (tmp_path / "plots", tmp_path / "plots", "is in the --attention-plot folder")]:
+        with pytest.raises(XindaError, match=fragment):
+            _check_outputs(output, plots, [None], [model])
+    _check_outputs(model / "test.hyp", tmp_path / "plots", [None], [model])  # (fine)
+
+
+def test_average_refuses_another_models_folder(trained, xinda, one_line_error, tmp_path):
+    """Before: -o OTHER/averaged.safetensors was written, and OTHER then translated with
+    these weights (found by review)."""
+    other = tmp_path / "other"
+    shutil.copytree(trained.model_dir, other)
+    proc = xinda("average", trained.model_dir, "-o", other / "averaged.safetensors", ok=False)
+    one_line_error(proc, "in another model's folder")
+    assert not (other / "averaged.safetensors").exists()
+
+
+def test_closed_stdout_and_stdin_are_one_line_errors(tmp_path):
+    """Before: AttributeError tracebacks (sys.stdout / sys.stdin are None), for a closed
+    stdout after the whole input was decoded (found by review)."""
+    import subprocess
+
+    from subprocesses import subprocess_env, xinda_command
+
+    (tmp_path / "ref.txt").write_text("a\n")
+    for closed, args, fragment in [
+            (1, ["models"], "stdout is closed"),
+            (0, ["evaluate", "-", tmp_path / "ref.txt"], "<stdin>: no hypotheses")]:
+        proc = subprocess.run([*xinda_command(), *map(str, args)], env=subprocess_env(),
+                              stdout=None if closed == 1 else subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+                              preexec_fn=lambda fd=closed: os.close(fd))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert fragment in proc.stderr and proc.stderr.startswith("xinda: error: ")
 
 
 def test_translate_writes_its_output_before_the_attention_plots(trained, xinda, tmp_path):

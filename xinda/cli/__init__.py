@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -225,6 +226,9 @@ def average(model_dir: Path,
                          "checkpoints (averaging writes elsewhere)")
     if out.suffix != ".safetensors":
         raise XindaError(f"-o {out}: averaged weights are written as a .safetensors file")
+    if out.parent.resolve() != model_dir.resolve() and (out.parent / "config.yaml").is_file():
+        raise XindaError(f"-o {out}: in another model's folder ({out.parent}), whose "
+                         "translations could load these weights: choose another -o")
     earlier_average = out.name.startswith("averaged") and out.parent.resolve() == \
         model_dir.resolve()  # (not best.safetensors, a user's file, another model's average)
     if out.exists() and not earlier_average:
@@ -365,6 +369,12 @@ def main() -> None:
     """The ``xinda`` command: a user error is one line ``xinda: error: ...`` on stderr, exit 1
     for bad files and settings, 2 for a command line click cannot parse."""
     log_to_stderr()
+    if sys.stdin is None:  # started with stdin closed (<&-): read as empty, not a traceback
+        sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - for the whole run
+    if sys.stdout is None:  # (>&-): refused before any work whose output it would lose
+        _error_line("stdout is closed (started with >&-): redirect it instead, to a file or "
+                    "/dev/null")
+        sys.exit(1)
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as err:  # typer's click: a command line it cannot parse

@@ -28,10 +28,12 @@ def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | 
     would replace an input of the command: the -i or --prefix file, a model folder's files."""
     from xinda.utils import check_writable
 
+    if (output is None or str(output) == "-") and sys.stdout is None:
+        raise XindaError("stdout is closed: write the translations with -o FILE")
     if output is not None and str(output) != "-":
         check_writable(output, make=False)  # (made when written: not by a later refusal)
         _check_not_an_input(output, inputs, model_dirs)
-        if plots is not None and plots.resolve() in output.resolve().parents:
+        if plots is not None and plots.resolve() in (output.resolve(), *output.resolve().parents):
             raise XindaError(f"-o {output}: is in the --attention-plot folder {plots}, whose "
                              "numbered PNGs xinda writes and removes; write the translations "
                              "elsewhere")
@@ -43,9 +45,11 @@ def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | 
 
 
 def _check_not_an_input(output: Path, inputs: list[Path | None], model_dirs: list[Path]) -> None:
-    """Refuse ``output`` where it is (or links to) an input file, or a file that a model
-    folder holds: weights, config, vocabularies, log ... (``MODEL_FILE_SUFFIXES``), or anything
-    in its checkpoints folder. New files of other names in a model folder are fine."""
+    """Refuse ``output`` where it is (or links to) an input file, a file that a model folder
+    holds: weights, config, vocabularies, log ... (``MODEL_FILE_SUFFIXES``), a new weights file
+    there (a translator would load a new best or averaged one), anything in its checkpoints
+    folder, or a file of the prepared data its config names. New files of other names in a
+    model folder are fine."""
     from xinda.checkpoint import checkpoint_dir
 
     target = output.resolve()
@@ -56,10 +60,27 @@ def _check_not_an_input(output: Path, inputs: list[Path | None], model_dirs: lis
                              "write the translations elsewhere")
     for model_dir in model_dirs:
         if checkpoint_dir(model_dir).resolve() in target.parents or (
-                target.is_file() and model_dir.resolve() in target.parents
-                and target.suffix in MODEL_FILE_SUFFIXES):
+                (target.is_file() or target.suffix == ".safetensors")
+                and model_dir.resolve() in target.parents and target.suffix in MODEL_FILE_SUFFIXES):
             raise XindaError(f"-o {output}: would replace a file of the model folder "
                              f"{model_dir}; write the translations elsewhere")
+        data = _prepared_data(model_dir)
+        if data is not None and target.is_file() and data.resolve() in target.parents:
+            raise XindaError(f"-o {output}: would replace a file of {data}, the prepared data "
+                             f"of {model_dir}; write the translations elsewhere")
+
+
+def _prepared_data(model_dir: Path) -> Path | None:
+    """The prepared-data folder that ``model_dir``'s config names (data.out_dir), if it is
+    there (a relative one from here)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((model_dir / "config.yaml").read_text(encoding="utf-8"))
+        folder = Path(config["data"]["out_dir"])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, KeyError):
+        return None
+    return folder if folder.is_dir() else None
 
 
 def _write_output(path: Path | None, lines: list[str]) -> None:
