@@ -133,7 +133,7 @@ class Translator:
             return None
         limit = limit or self.source_limit(self.cfg.decode)
         if len(ids) > limit:
-            log.warning("input of %d tokens truncated to %d: %r...", len(ids), limit, line[:40])
+            log.warning("%s: %d tokens truncated to %d: %r...", where, len(ids), limit, line[:40])
             ids = ids[:limit]
         return ids + [self.src_vocab.eos]
 
