@@ -202,8 +202,9 @@ def test_translate_with_workers_writes_what_one_thread_writes(trained, xinda):
     one = xinda("translate", trained.model_dir, "--threads", "1", "--batch-size", "2",
                 "--scores", input=lines)
     two = xinda("translate", trained.model_dir, "--workers", "2", "--batch-size", "2",
-                "--scores", input=lines)
+                "--scores", "--threads", "2", input=lines)
     assert two.stdout == one.stdout and len(one.stdout.split("\n")) == 7
+    assert "--threads 2: not used: each of the 2 workers" in two.stderr  # (before: silent)
 
 
 @pytest.mark.parametrize(("option", "value", "setting"), [

@@ -193,6 +193,9 @@ def translate(
     overrides = _decode_overrides(set_ or [])
     options = {**overrides, **{k: v for k, v in given.items() if v is not None}}
     dec = translator.decode_settings(options)
+    if threads and dec.workers > 1:
+        log.warning("--threads %d: not used: each of the %d workers (decode.workers) decodes "
+                    "with one thread", threads, dec.workers)
     used = [f"--{k}" for k, v in search.items() if v is not None] + [
         f"decode.{k}" for k in search if k in overrides]
     if dec.sampling and used:  # sampling from --sampling, --set or the model's config
