@@ -6,8 +6,7 @@ Below both ``xinda.train`` (which writes them) and ``xinda.decode`` (which loads
 
 A model directory holds ``best.safetensors`` (best validation score), ``averaged.safetensors``
 when ``xinda average`` was run, and in ``checkpoints/`` one checkpoint per saved update N
-(format 3; format 2, whose progress lacks ``counted_step`` and ``validated_score``, is read
-too), three files written in this order::
+(format 3; format 2 is read too), three files written in this order::
 
     step_NNNNNNN.safetensors        the model weights
     step_NNNNNNN.state.safetensors  every tensor of the training state, named by its path in the
@@ -54,8 +53,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from xinda.errors import XindaError
 from xinda.utils import atomic_save, interrupts_deferred
 
-FORMAT_VERSION = 3  # raised with every field a training state gains: an older xinda says so
-READABLE_FORMATS = (2, 3)
+FORMAT_VERSION, READABLE_FORMATS = 3, (2, 3)  # raised with each field a state gains (3: 2026-11-26)
 _STEP = re.compile(r"step_(\d+)\.safetensors")
 _STEP_PREFIX = re.compile(r"step_(\d+)\.")  # of any of a checkpoint's three files
 _TENSOR = "__tensor__"  # {"__tensor__": name} stands for a tensor of the .state.safetensors file
@@ -376,9 +374,8 @@ def _refuse_format_1(folder: Path, weights: Path | None = None) -> None:
 
 
 def check_format(state: dict, path: Path) -> None:
-    """Raise XindaError unless ``state`` was written in one of READABLE_FORMATS (a newer one
-    needs a newer xinda, format 1 is refused for safety, anything else is not a xinda training
-    state)."""
+    """Raise XindaError unless ``state``'s format is one of READABLE_FORMATS (a newer one needs a
+    newer xinda, format 1 is refused for safety, anything else is not a xinda training state)."""
     version = state.get("format_version") if isinstance(state, dict) else None
     if type(version) is int and version in READABLE_FORMATS:
         return

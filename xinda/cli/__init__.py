@@ -227,8 +227,7 @@ def average(model_dir: Path,
     if out.suffix != ".safetensors":
         raise XindaError(f"-o {out}: averaged weights are written as a .safetensors file")
     if out.parent.resolve() != model_dir.resolve() and (out.parent / "config.yaml").is_file():
-        raise XindaError(f"-o {out}: in another model's folder ({out.parent}), whose "
-                         "translations could load these weights: choose another -o")
+        raise XindaError(f"-o {out}: in another model's folder, whose translations would load it")
     earlier_average = out.name.startswith("averaged") and out.parent.resolve() == \
         model_dir.resolve()  # (not best.safetensors, a user's file, another model's average)
     if out.exists() and not earlier_average:
@@ -263,11 +262,10 @@ def models() -> None:
     from xinda.data.vocab import VocabInfo
     from xinda.models.registry import PRESET_NOTES, build_model, list_presets
 
-    vocab = VocabInfo(32000, 32000, 0, 2, 3, True)
     say(f"{'preset':<28} {'arch':<12} {'parameters':>14}  description")
     for name, arch, cfg in list_presets():
         with torch.device("meta"):  # shapes only: no memory, no initialisation (18 -> 6 s)
-            params = build_model(cfg, vocab).num_parameters()
+            params = build_model(cfg, VocabInfo(32000, 32000, 0, 2, 3, True)).num_parameters()
         say(f"{name:<28} {arch:<12} {params:>14,}  {PRESET_NOTES[name]}")
 
 
@@ -372,8 +370,7 @@ def main() -> None:
     if sys.stdin is None:  # started with stdin closed (<&-): read as empty, not a traceback
         sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - for the whole run
     if sys.stdout is None:  # (>&-): refused before any work whose output it would lose
-        _error_line("stdout is closed (started with >&-): redirect it instead, to a file or "
-                    "/dev/null")
+        _error_line("stdout is closed (started with >&-): redirect it to a file or /dev/null")
         sys.exit(1)
     try:
         code = app(standalone_mode=False)
