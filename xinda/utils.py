@@ -210,8 +210,8 @@ def _gzipped(path: Path) -> bool:
 
 
 def input_name(path: str | Path | None) -> str:
-    """How errors name an input: "<stdin>" for None or "-", else the path."""
-    return "<stdin>" if path is None or str(path) == "-" else str(path)
+    """How errors name an input: "<stdin>" for None, "-" or /dev/stdin, else the path."""
+    return "<stdin>" if path is None or str(path) in ("-", "/dev/stdin") else str(path)
 
 
 def read_input(path: str | Path | None) -> list[str]:

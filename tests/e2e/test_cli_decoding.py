@@ -185,6 +185,9 @@ def test_prefix_file_of_another_length_is_a_one_line_error(trained, files, xinda
     # before: "-: 0 prefix lines for 2 input lines", stdin used up by the input already
     proc = xinda("translate", trained.model_dir, "--prefix", "-", input="a\nb\n", ok=False)
     one_line_error(proc, "--prefix and the input (-i) cannot both be read from stdin")
+    proc = xinda("translate", trained.model_dir, "-i", "/dev/stdin", "--prefix", "-",
+                 input="a\nb\n", ok=False)  # (before: "<stdin>: 0 prefix lines", by review)
+    one_line_error(proc, "--prefix and the input (-i) cannot both be read from stdin")
     proc = xinda("translate", trained.model_dir, "-i", folder / "in.txt", "--prefix", "-",
                  input="1\n", ok=False)
     one_line_error(proc, "<stdin>: 1 prefix lines for 6 input lines")
