@@ -226,10 +226,10 @@ def average(model_dir: Path,
                          "checkpoints (averaging writes elsewhere)")
     if out.suffix != ".safetensors":
         raise XindaError(f"-o {out}: averaged weights are written as a .safetensors file")
-    if out.parent.resolve() != model_dir.resolve() and (out.parent / "config.yaml").is_file():
+    own_folder = out.parent.resolve() == model_dir.resolve()
+    if not own_folder and (out.parent / "config.yaml").is_file():
         raise XindaError(f"-o {out}: in another model's folder, whose translations would load it")
-    earlier_average = out.name.startswith("averaged") and out.parent.resolve() == \
-        model_dir.resolve()  # (not best.safetensors, a user's file, another model's average)
+    earlier_average = out.name.startswith("averaged") and own_folder  # (not best.safetensors)
     if out.exists() and not earlier_average:
         raise XindaError(f"-o {out}: exists; averaging replaces only an earlier average in "
                          f"{model_dir} (averaged*.safetensors): choose another -o")

@@ -28,8 +28,6 @@ def _check_outputs(output: Path | None, plots: Path | None, inputs: list[Path | 
     would replace an input of the command: the -i or --prefix file, a model folder's files."""
     from xinda.utils import check_writable
 
-    if (output is None or str(output) == "-") and sys.stdout is None:
-        raise XindaError("stdout is closed: write the translations with -o FILE")
     if output is not None and str(output) != "-":
         check_writable(output, make=False)  # (made when written: not by a later refusal)
         _check_not_an_input(output, inputs, model_dirs)
