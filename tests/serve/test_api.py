@@ -668,3 +668,15 @@ def test_served_models_decode_in_the_servers_process(served_model_dir, monkeypat
     monkeypatch.setattr(Translator, "load", staticmethod(with_workers))
     served = load_models([served_model_dir])["numbers"]
     assert served.translator.cfg.decode.workers == 1
+
+
+def test_a_405_names_every_method_the_path_takes(client):
+    """RFC 9110 15.5.6: a 405 carries Allow with the path's methods, HEAD too where the
+    server answers it (before: "GET" alone on /health, /v1/models and /metrics; review)."""
+    for path, allowed in (("/health", {"GET", "HEAD"}), ("/v1/models", {"GET", "HEAD"}),
+                          ("/metrics", {"GET", "HEAD"}), ("/v1/translate", {"POST"})):
+        response = client.put(path)
+        assert response.status_code == 405, path
+        assert set(response.headers["allow"].replace(" ", "").split(",")) == allowed, path
+        if "HEAD" in allowed:
+            assert client.head(path).status_code == 200, path

@@ -9,11 +9,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from xinda.errors import XindaError
 
 MAX_MESSAGE = 300  # characters of an error message
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")  # what a 405 may allow
 UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # pydantic's union member names
 
 
@@ -70,6 +72,14 @@ def validation_message(err: RequestValidationError) -> tuple[int, str, str]:
     return 422, "invalid_request", f"{path}: {first['msg'].removeprefix('Value error, ')}"
 
 
+def allowed_methods(request: Request) -> str:
+    """The Allow header of a 405: the methods some route answers on the request's path
+    (routing names only the first matching route's: GET, not the HEAD route beside it)."""
+    routes = request.app.router.routes
+    return ", ".join(method for method in METHODS if any(
+        route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map every exception a request can raise to the JSON error shape."""
 
@@ -82,7 +92,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(*validation_message(err))
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
         if err.status_code == 400 and isinstance(err.__cause__, UnicodeEncodeError):
             return error_response(400, "bad_encoding", "the request holds a lone surrogate "
                                   "(\\ud800-\\udfff): not valid Unicode text")
@@ -90,7 +100,10 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(400, "bad_json", "the request body could not be parsed as "
                                   "JSON: nested too deeply or a number too long")
         code = HTTP_CODES.get(err.status_code, "http_error")
-        return error_response(err.status_code, code, str(err.detail), err.headers)
+        headers = err.headers
+        if err.status_code == 405:  # (routing names the first route's methods only)
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
+        return error_response(err.status_code, code, str(err.detail), headers)
 
     @app.exception_handler(XindaError)
     async def library_error(_: Request, err: XindaError) -> JSONResponse:
