@@ -167,7 +167,8 @@ def test_a_sentencepiece_space_symbol_is_cleaned_to_an_underscore(tmp_path):
      # before: "Tom&Jerry和a-b=c", "x+y"
      "看Tom & Jerry和a - b = c。", "用e-mail发COVID-19的x + y，温度-5度。",
      # before: "“还要咖啡吗?” “不了", "a? b = c获取"
-     "“还要咖啡吗？”“不了，谢谢。”", "访问http://www.example.com/a?b=c获取信息。"],
+     "“还要咖啡吗？”“不了，谢谢。”", "访问http://www.example.com/a?b=c获取信息。",
+     "他想了想……还是算了…", "等等，OK..."],  # before: "想了想......算了..." (NFKC's dots)
 )
 def test_jieba_round_trip(line):
     """(NFKC makes full-width punctuation ASCII; postprocess makes it full-width again where
@@ -176,6 +177,21 @@ def test_jieba_round_trip(line):
     tokens = pipe.preprocess(line)
     assert " " in tokens and "  " not in tokens
     assert pipe.postprocess(tokens) == restore_wide_punctuation(pipe.clean(line)) == line
+
+
+@pytest.mark.parametrize(("text", "restored"), [
+    ("他说......好吧...", "他说……好吧…"), ("他说 ...... 好", "他说 …… 好"),
+    ("他说....好", "他说....好"),  # not NFKC's: 4 dots are no "…"
+    ("wait... and......", "wait... and......"), ("a......b", "a......b"),
+    ("…… 好", "…… 好"), ("好 ... OK", "好 … OK")])
+def test_nfkc_ellipsis_next_to_han_is_restored(text, restored):
+    assert restore_wide_punctuation(text) == restored
+
+
+@pytest.mark.parametrize("pretok", ["jieba", "char", "moses", "none"])
+def test_chinese_ellipsis_round_trips_in_every_pretokeniser(pretok):
+    pipe = TextPipeline("NFKC", False, pretok, "zh")
+    assert pipe.postprocess(pipe.preprocess("他说……好吧…")) == "他说……好吧…"
 
 
 @pytest.mark.parametrize(("lowercase", "line"), [

@@ -11,6 +11,7 @@ English/German words with trailing punctuation; ``jieba_detokenize`` is idempote
 
 from __future__ import annotations
 
+import unicodedata
 from itertools import pairwise
 
 import pytest
@@ -142,10 +143,11 @@ def test_moses_round_trip_of_words_with_trailing_punctuation(words, lang):
     assert pipe.postprocess(pipe.preprocess(line)) == line
 
 
-@given(text=TEXT | st.text(st.sampled_from(", !?()你a。:"), max_size=12))
+@given(text=TEXT | st.text(st.sampled_from(", !?()你a。:."), max_size=12))
 def test_restoring_full_width_punctuation_twice_changes_nothing_more(text):
     """(Postprocess restores before and after detokenising: the first pass must settle it.
-    Found by fuzzing: ",!。" became "，！。" only on a second pass.)"""
+    Found by fuzzing: ",!。" became "，！。" only on a second pass.) It only undoes what NFKC
+    folds: NFKC gives the text back."""
     once = restore_wide_punctuation(text)
     assert restore_wide_punctuation(once) == once
-    assert len(once) == len(text)
+    assert unicodedata.normalize("NFKC", once) == unicodedata.normalize("NFKC", text)

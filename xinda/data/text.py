@@ -146,27 +146,40 @@ _NFKC_FOLDED = dict(zip(",:;?!()", "，：；？！（）"))
 _HAN_KANA = re.compile("[\u3000-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff"
                        "\uf900-\ufaff\U00020000-\U0002fa1f]")  # (not the restored ones)
 _FOLDED_RUN = re.compile("[,:;?!()](?:[ ,:;?!()]*[,:;?!()])?")  # marks, maybe spaced
-_SPACED_WIDE = re.compile(" ?([，：；？！（）]) ?")
+_DOTS = re.compile(r"(?<!\.)\.{3,}(?!\.)")  # NFKC folds "…" to "..."
+_SPACED_WIDE = re.compile(" ?([，：；？！（）…]) ?")
 _HALF_PAIRED = re.compile("（([^()（）]*)\\)|\\(([^()（）]*)）")
+
+
+def _touches_han_kana(text: str, start: int, end: int) -> bool:
+    """Whether a Han or kana character is next to ``text[start:end]``, spaces aside."""
+    before, after = start - 1, end
+    while before >= 0 and text[before] == " ":
+        before -= 1
+    while after < len(text) and text[after] == " ":
+        after += 1
+    return bool(_HAN_KANA.search((text[before] if before >= 0 else "") + text[after:after + 1]))
 
 
 def restore_wide_punctuation(text: str) -> str:
     """``text`` with ``, : ; ? ! ( )`` next to a Han or kana character (spaces and other such
     marks between aside) full-width again, as Chinese and Japanese write them (NFKC made them
     ASCII: references keep "，", so a perfect model's output scored 80 BLEU on
-    classical-modern Chinese); "3:30" and "Hello, world" stay. Pre-tokenised text too
-    ("世界 ! ( 测试 )"); applying it twice changes nothing more."""
+    classical-modern Chinese), and a run of 3·n dots there n "…" (NFKC: "……" to "......");
+    "3:30", "Hello, world" and "wait..." stay. Pre-tokenised text too ("世界 ! ( 测试 )");
+    applying it twice changes nothing more."""
     def put_back(run: re.Match) -> str:
-        before, after = run.start() - 1, run.end()
-        while before >= 0 and text[before] == " ":
-            before -= 1
-        while after < len(text) and text[after] == " ":
-            after += 1
-        near = (text[before] if before >= 0 else "") + text[after:after + 1]
-        if not _HAN_KANA.search(near):
+        if not _touches_han_kana(text, run.start(), run.end()):
             return run[0]
         return "".join(_NFKC_FOLDED.get(c, c) for c in run[0])
+
+    def ellipsis(run: re.Match) -> str:
+        dots = len(run[0])
+        if dots % 3 or not _touches_han_kana(text, run.start(), run.end()):
+            return run[0]
+        return "\u2026" * (dots // 3)
     text = _FOLDED_RUN.sub(put_back, text)
+    text = _DOTS.sub(ellipsis, text)
     # a bracket pair takes one form: 問題（1) -> 問題（1）
     return _HALF_PAIRED.sub(lambda m: f"（{m[1] or m[2]}）", text)
 
