@@ -135,6 +135,12 @@ def test_averaging_checks_names_and_shapes_and_keeps_dtypes(tmp_path):
     average_checkpoints([a, b], tmp_path / "avg")
     avg = load_file(str(tmp_path / "avg"))
     assert avg["w"].dtype == torch.bfloat16 and avg["w"].eq(2).all() and avg["b"].eq(0.5).all()
+    # bf16 and fp32 of one model: the mean in fp32, whichever comes first (before: the first's)
+    fine = write("fine", w=torch.full((3, 2), 1 + 2**-10), b=torch.ones(2))
+    for order in ([a, fine], [fine, a]):
+        average_checkpoints(order, tmp_path / "mixed")
+        w = load_file(str(tmp_path / "mixed"))["w"]
+        assert w.dtype == torch.float32 and w.eq(1 + 2**-11).all()
     with pytest.raises(XindaError, match=r"extra is in only one of it and"):
         average_checkpoints([a, write("c", w=avg["w"], b=avg["b"], extra=torch.ones(1))],
                             tmp_path / "x")

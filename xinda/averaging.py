@@ -26,13 +26,15 @@ def _read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 def average_checkpoints(paths: list[Path], out: Path) -> None:
     """Element-wise mean of the parameters of several checkpoints (Vaswani et al. 2017, 6.1);
-    a tensor of integers (a counter, an index) must be equal in all of them and is kept."""
+    a tensor of integers (a counter, an index) must be equal in all of them and is kept. The
+    mean of float tensors of different precisions takes the widest (bf16 and fp32: fp32)."""
     if isinstance(paths, (str, Path)):
         raise XindaError(f"{paths}: give a list of checkpoints to average, not one path")
     if not paths:
         raise XindaError("no checkpoints to average")
     first = _read_tensors(paths[0])
     total = {name: tensor.double() for name, tensor in first.items()}
+    dtypes = {name: tensor.dtype for name, tensor in first.items()}
     for path in paths[1:]:
         weights = _read_tensors(path)
         for name in total.keys() ^ weights.keys():
@@ -46,6 +48,7 @@ def average_checkpoints(paths: list[Path], out: Path) -> None:
                 raise XindaError(f"{path}: {name} holds integers that differ from those in "
                                  f"{paths[0]}: they cannot be averaged")
             total[name] += tensor.double()
-    averaged = {name: (t / len(paths)).to(first[name].dtype)
+            dtypes[name] = torch.promote_types(dtypes[name], tensor.dtype)
+    averaged = {name: (t / len(paths)).to(dtypes[name])
                 if first[name].is_floating_point() else first[name] for name, t in total.items()}
     write_file(Path(out), lambda tmp: save_file(averaged, str(tmp)))
