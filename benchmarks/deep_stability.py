@@ -126,12 +126,7 @@ def run_norm(work: Path, data_bin: Path, norm: str, args) -> dict:
 
 
 def plot(results: list[dict], png: Path, title: str, floor: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, (by_step, by_time) = bench.pyplot().subplots(1, 2, figsize=(11, 4), sharey=True)
     for r in results:
         curve = r["curve"]
         if not curve:

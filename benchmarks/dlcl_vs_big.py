@@ -96,22 +96,11 @@ def run_arm(work: Path, data_bin: Path, arm: str, args) -> dict:
 
 
 def plot(results: list[dict], png: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        seconds, _, bleu = zip(*r["valid_bleu_curve"])
-        ax.plot(seconds, bleu, "o-", ms=3, label=f"{r['preset']} ({r['params'] / 1e6:.0f}M, "
-                                                 f"test BLEU {r['bleu']:.2f})")
-    ax.set_xlabel("training seconds")
-    ax.set_ylabel("validation BLEU (greedy)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    bench.save_figure(fig, png)
+    with bench.curves_figure(png, title, "training seconds", "validation BLEU (greedy)") as ax:
+        for r in results:
+            seconds, _, bleu = zip(*r["valid_bleu_curve"])
+            ax.plot(seconds, bleu, "o-", ms=3, label=f"{r['preset']} ({r['params'] / 1e6:.0f}M, "
+                                                     f"test BLEU {r['bleu']:.2f})")
 
 
 def table(results: list[dict], args) -> str:

@@ -72,11 +72,11 @@ from multi30k import (
     SHARED,
     cached_result,
     code_version,
+    curves_figure,
     decode_device,
     experiment,
     markdown_table,
     same_recipe,
-    save_figure,
     set_threads,
     timed,
     write_run_config,
@@ -722,24 +722,14 @@ def markdown(pair: str, rows: list[dict], args: argparse.Namespace,
 
 def plot_valid_curves(runs: dict, png: Path, title: str) -> None:
     """Validation loss against updates, one line per system and seed (the plateau check)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, (system, by_seed) in enumerate(runs.items()):
-        for seed, result in by_seed.items():
-            if result.get("valid_curve"):
-                steps, losses = zip(*result["valid_curve"])
-                ax.plot(steps, losses, color=f"C{i}", lw=2 if system == "baseline" else 1,
-                        label=system if seed == min(by_seed) else None)
-    ax.set_xlabel("update")
-    ax.set_ylabel("validation loss per token (label-smoothed)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title)
-    save_figure(fig, png)
+    with curves_figure(png, title, "update", "validation loss per token (label-smoothed)",
+                       size=(8, 4.5)) as ax:
+        for i, (system, by_seed) in enumerate(runs.items()):
+            for seed, result in by_seed.items():
+                if result.get("valid_curve"):
+                    steps, losses = zip(*result["valid_curve"])
+                    ax.plot(steps, losses, color=f"C{i}", lw=2 if system == "baseline" else 1,
+                            label=system if seed == min(by_seed) else None)
 
 
 def gate_throughput(pair: str, pair_dir: Path, args: argparse.Namespace) -> list[dict]:

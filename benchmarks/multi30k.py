@@ -19,7 +19,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -135,14 +137,36 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
     return [line(header), "|" + "---|" * len(header), *map(line, rows)]
 
 
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def save_figure(fig, png: Path) -> None:
     """Lay out a matplotlib figure, write it to ``png`` (folders made) and close it."""
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
+    pyplot().close(fig)
+
+
+@contextmanager
+def curves_figure(png: Path, title: str, xlabel: str, ylabel: str,
+                  size: tuple[float, float] = (7, 4)) -> Iterator:
+    """The axes of a one-panel figure of curves, to draw on; then labelled, gridded, with a
+    legend, written to ``png``."""
+    fig, ax = pyplot().subplots(figsize=size)
+    yield ax
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_figure(fig, png)
 
 
 def add_study_arguments(ap: argparse.ArgumentParser, workdir: Path, runs: str) -> None:

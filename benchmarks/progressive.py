@@ -129,25 +129,15 @@ def seconds_to(curve: list[list[float]], target: float) -> float | None:
 
 
 def plot(results: list[dict], png: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        seconds, _, losses = zip(*r["valid_curve"])
-        ax.plot(seconds, losses, "o-", ms=3, label=f"{r['arm']} (BLEU {r['bleu']:.2f})")
-        if r["grown_at_update"] is not None:
-            at = next(s for s, u, _ in r["valid_curve"] if u >= r["grown_at_update"])
-            ax.axvline(at, color="grey", ls=":", lw=1, label=f"grown at update "
-                                                          f"{r['grown_at_update']}")
-    ax.set_xlabel("training seconds")
-    ax.set_ylabel("validation loss per token (label-smoothed)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    bench.save_figure(fig, png)
+    with bench.curves_figure(png, title, "training seconds",
+                             "validation loss per token (label-smoothed)") as ax:
+        for r in results:
+            seconds, _, losses = zip(*r["valid_curve"])
+            ax.plot(seconds, losses, "o-", ms=3, label=f"{r['arm']} (BLEU {r['bleu']:.2f})")
+            if r["grown_at_update"] is not None:
+                at = next(s for s, u, _ in r["valid_curve"] if u >= r["grown_at_update"])
+                ax.axvline(at, color="grey", ls=":", lw=1, label=f"grown at update "
+                                                              f"{r['grown_at_update']}")
 
 
 def table(results: list[dict], args) -> str:
