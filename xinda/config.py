@@ -182,8 +182,9 @@ class TrainConfig(Strict):
     clip_norm: float = Field(0.0, ge=0)  # 0 = no clipping
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where fast
     # entries of oneDNN's and ideep's caches of CPU kernels (xinda.device.limit_onednn_caches):
-    # few, since the batch shapes change at every update; 0 = leave the defaults (1024)
-    onednn_cache: int = Field(8, ge=0)
+    # few, since the batch shapes change at every update; "auto": by CPU (64 with AMX, else 8:
+    # xinda.device.onednn_cache_size); 0 = leave the defaults (1024)
+    onednn_cache: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     # glibc: keep freed memory in the heap for the next update instead of returning it to the
     # OS and faulting it in again (xinda.device.keep_freed_heap; for the whole process, for good)
     keep_heap: bool = True

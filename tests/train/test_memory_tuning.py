@@ -24,6 +24,40 @@ def test_environment_wins(monkeypatch):
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
 
 
+@pytest.mark.parametrize(("amx", "setting", "expected"), [
+    (True, "auto", "64"), (False, "auto", "8"), (True, 16, "16"), (False, 0, None)])
+def test_auto_cache_size_follows_the_cpu(monkeypatch, amx, setting, expected):
+    """AMX kernels are costly to build: 64 entries there (8 rebuilt them at every layer), 8
+    elsewhere; a number is taken as given, 0 leaves oneDNN's defaults (variable unset)."""
+    from xinda import device
+
+    monkeypatch.setattr(device, "cpu_has_amx", lambda: amx)
+    device.tune_training_memory(setting, keep_heap=False)
+    assert [os.environ.get(name) for name in ONEDNN_CACHE_VARIABLES] == [expected] * 2
+
+
+def test_the_config_takes_auto_or_a_count():
+    from pydantic import ValidationError
+
+    from xinda.config import TrainConfig
+
+    assert TrainConfig().onednn_cache == "auto"
+    assert TrainConfig(onednn_cache=32).onednn_cache == 32
+    for bad in (-1, "big"):
+        with pytest.raises(ValidationError):
+            TrainConfig(onednn_cache=bad)
+
+
+def test_cpu_flags_come_from_cpuinfo():
+    from xinda.device import _cpu_flags, cpu_has_amx, cpu_has_fast_bf16
+
+    flags = _cpu_flags()
+    assert cpu_has_amx() == ("amx_bf16" in flags)
+    assert cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
+    if sys.platform == "linux":
+        assert "fpu" in flags or platform.machine() != "x86_64"  # every x86 CPU has one
+
+
 GLIBC = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 
 # In a fresh process: bytes of a 16 MB malloc that glibc serves by mmap (mallinfo2's hblkhd)
