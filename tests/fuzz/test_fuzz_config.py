@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Literal
+from types import UnionType
+from typing import Annotated, Literal, Union, get_args, get_origin
 
 import pytest
 import yaml
@@ -204,6 +205,11 @@ def test_an_empty_or_comment_only_file_is_all_defaults(user_error):
 def _other_values(field) -> list:
     """Candidate values other than ``field``'s default, by its type."""
     default, kind = field.default, field.annotation
+    if get_origin(kind) in (Union, UnionType):  # int | Literal["auto"]: a value of each member
+        members = [get_args(m)[0] if get_origin(m) is Annotated else m for m in get_args(kind)]
+        return [v for m in members for v in
+                ([a for a in get_args(m) if a != default] if get_origin(m) is Literal
+                 else [1] if m is int else [])] or ["other"]
     if isinstance(default, bool):
         return [not default]
     if getattr(kind, "__origin__", None) is Literal:
