@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -32,6 +33,16 @@ Pretok = Literal["moses", "jieba", "char", "none"]  # pre-tokenisers (xinda.data
 Normalization = Literal["NFKC", "NFC", "none"]  # Unicode normal forms applied before it
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what numpy and sentencepiece accept
 Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam moment's decay
+
+
+def _count_or_auto(value: Any) -> int | str:
+    """A count of 0 or more, or "auto" (one message for both, not one per union member)."""
+    if value == "auto" or (type(value) is int and value >= 0):
+        return value
+    raise ValueError(f"{value!r}: give a number of entries (0 or more) or auto")
+
+
+CountOrAuto = Annotated[int | str, PlainValidator(_count_or_auto)]
 DEFAULT_PRESET = "transformer-base"  # the model of a config that names no preset or arch
 MAX_ROWS = 1000  # beam, n-best, samples: decoder rows per sentence (memory grows with them)
 MAX_DIST_TIMEOUT = 10 * 365 * 86400.0  # seconds: ten years, "forever" (timedelta overflows)
@@ -184,7 +195,7 @@ class TrainConfig(Strict):
     # entries of oneDNN's and ideep's caches of CPU kernels (xinda.device.limit_onednn_caches):
     # few, since the batch shapes change at every update; "auto": by CPU (64 with AMX, else 8:
     # xinda.device.onednn_cache_size); 0 = leave the defaults (1024)
-    onednn_cache: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
+    onednn_cache: CountOrAuto = "auto"
     # glibc: keep freed memory in the heap for the next update instead of returning it to the
     # OS and faulting it in again (xinda.device.keep_freed_heap; for the whole process, for good)
     keep_heap: bool = True
