@@ -10,12 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xinda.config import DecodeConfig
 from xinda.data.vocab import VocabInfo
 from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import (
     SearchStopped,
+    _top_candidates,
     beam_search,
     greedy_search,
     length_penalty,
@@ -508,3 +511,31 @@ def test_stop_best_remembers_that_the_best_ended_at_an_earlier_step():
     assert [lp for _, lp in hyps] == pytest.approx([math.log(0.5), math.log(0.3 * 0.4)],
                                                    abs=1e-5)
     assert scripted_beam(script, "beam", beam=3, nbest=2)[0] == 6
+
+
+# --- the candidates of a beam step ----------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 40), st.integers(1, 9),
+       st.integers(1, 8), st.integers(0, 2**31 - 1))
+def test_top_candidates_are_the_best_of_all_k_times_v(n, k, vocab, width, block, seed):
+    """The blocked ranking returns what ranking all K * V candidates of a sentence returns:
+    the same scores, in order, each finite one the score of the (beam, token) named beside
+    it, no pair twice among those. Dead beams (-inf) and banned tokens (-inf) included; ``block``
+    from 1 to beyond V."""
+    width = min(width, k * vocab)
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(n, k, generator=gen)
+    scores[torch.rand(n, k, generator=gen) < 0.3] = float("-inf")
+    logp = torch.randn(n * k, vocab, generator=gen)
+    logp[torch.rand(n * k, vocab, generator=gen) < 0.2] = float("-inf")
+    top, beam, token = _top_candidates(scores, logp, width, block)
+    every = (scores[:, :, None] + logp.view(n, k, vocab)).view(n, -1)  # (N, K*V)
+    assert torch.equal(top, every.topk(width, dim=1).values)
+    rows = torch.arange(n)[:, None] * k + beam
+    finite = top.isfinite()
+    assert torch.equal((scores.gather(1, beam) + logp[rows, token])[finite], top[finite])
+    assert token.lt(vocab).all()
+    named = [[p for p, s in zip(ps, ss) if s > float("-inf")]
+             for ps, ss in zip((beam * vocab + token).tolist(), top.tolist())]
+    assert all(len(set(p)) == len(p) for p in named)
