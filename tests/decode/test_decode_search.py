@@ -19,6 +19,7 @@ from xinda.decode.sampling import SamplingConfig, sample
 from xinda.decode.search import (
     SearchStopped,
     _top_candidates,
+    argmax,
     beam_search,
     greedy_search,
     length_penalty,
@@ -539,3 +540,15 @@ def test_top_candidates_are_the_best_of_all_k_times_v(n, k, vocab, width, block,
     named = [[p for p, s in zip(ps, ss) if s > float("-inf")]
              for ps, ss in zip((beam * vocab + token).tolist(), top.tolist())]
     assert all(len(set(p)) == len(p) for p in named)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 40), st.integers(1, 8), st.integers(0, 2**31 - 1))
+def test_blocked_argmax_is_argmax_with_its_first_tie(rows, vocab, block, seed):
+    """Few distinct values (ties everywhere), -inf, whole -inf rows, V below, at and beyond
+    ``block``: the same index as ``Tensor.argmax`` (the first maximum)."""
+    gen = torch.Generator().manual_seed(seed)
+    logp = -torch.randint(0, 3, (rows, vocab), generator=gen).float()
+    logp[torch.rand(rows, vocab, generator=gen) < 0.3] = float("-inf")
+    logp[0, :] = float("-inf") if seed % 5 == 0 else logp[0, :]
+    assert torch.equal(argmax(logp, block), logp.argmax(-1))
