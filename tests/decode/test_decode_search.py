@@ -552,3 +552,4 @@ def test_blocked_argmax_is_argmax_with_its_first_tie(rows, vocab, block, seed):
     logp[torch.rand(rows, vocab, generator=gen) < 0.3] = float("-inf")
     logp[0, :] = float("-inf") if seed % 5 == 0 else logp[0, :]
     assert torch.equal(argmax(logp, block), logp.argmax(-1))
+    assert torch.equal(argmax(logp.T.contiguous().T, block), logp.argmax(-1))  # (strided)

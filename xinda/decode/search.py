@@ -187,7 +187,7 @@ def decode_rows(model: Seq2SeqModel, src: Tensor, dec: DecodeConfig, choose: Cho
         done |= failed
         going = ~done[alive]
         best = torch.full_like(alive, vocab.pad)  # finished rows: PAD
-        best[going] = choose(logp if going.all() else logp[going])  # (a copy of R x V)
+        best[going] = choose(logp if going.all() else logp[going])  # (the latter copies R x V)
         logprob[alive] += logp.gather(1, best[:, None])[:, 0].masked_fill(~going, 0.0)
         tokens = torch.cat([tokens, torch.full_like(sentence, vocab.pad)[:, None]], dim=1)
         tokens[alive, -1] = best
