@@ -319,7 +319,8 @@ def _top_candidates(scores: Tensor, logp: Tensor, width: int, block: int = 32
     ``block`` tokens, a block bounded by its beam's score + its best log-probability. A
     candidate outside the ``width`` best-bounded blocks has ``width`` blocks whose best
     candidates score at least as high, so only those blocks' tokens are ranked (torch.topk
-    over whole rows is the slower part of a CPU step: 3.4x less time at 64 x 5 x 8000)."""
+    over whole rows is the slower part of a CPU step: 3.4x less time at 64 x 5 x 8000).
+    Candidates scored -inf (fewer finite ones than ``width``) may name any pair, repeated."""
     n, k = scores.shape
     vocab = logp.size(1)
     block_max = _block_maxima(logp, block)  # (N*K, blocks)
