@@ -126,11 +126,10 @@ def argmax(logp: Tensor, block: int = 32) -> Tensor:
     """The greedy choice: the most probable token of each row (R, V) -> (R,), the first one
     on ties, as ``Tensor.argmax``: the first block holding the row's maximum, then the first
     maximum in it (on CPU, argmax over whole rows takes ~14x amax's time)."""
-    block_max = _block_maxima(logp, block)  # (R, blocks)
-    token = block_max.argmax(-1, keepdim=True) * block + torch.arange(block, device=logp.device)
-    beyond = token >= logp.size(-1)  # the last block's padding
-    within = logp.gather(1, token.clamp(max=logp.size(-1) - 1)).masked_fill(beyond, -math.inf)
-    return token.gather(1, within.argmax(-1, keepdim=True))[:, 0]
+    first = _block_maxima(logp, block).argmax(-1, keepdim=True)  # (R, 1)
+    rows = torch.arange(logp.size(0), device=logp.device)[:, None, None]
+    token, token_logp = _block_tokens(logp, rows, first, block)  # (R, 1, block)
+    return token[:, 0].gather(1, token_logp[:, 0].argmax(-1, keepdim=True))[:, 0]
 
 
 def _block_maxima(logp: Tensor, block: int) -> Tensor:
@@ -142,6 +141,18 @@ def _block_maxima(logp: Tensor, block: int) -> Tensor:
     if full * block < vocab:
         block_max = torch.cat([block_max, logp[:, full * block:].amax(-1, keepdim=True)], 1)
     return block_max
+
+
+def _block_tokens(logp: Tensor, rows: Tensor, blocks: Tensor, block: int
+                  ) -> tuple[Tensor, Tensor]:
+    """The tokens of ``blocks`` (N, P) of ``rows`` (broadcast to them) and their
+    log-probabilities, each (N, P, block); the last block's padding is named as the last token
+    and scored -inf."""
+    vocab = logp.size(-1)
+    token = (blocks * block)[:, :, None] + torch.arange(block, device=logp.device)
+    beyond = token >= vocab
+    token = token.clamp(max=vocab - 1)
+    return token, logp[rows, token].masked_fill(beyond, -math.inf)
 
 
 @torch.no_grad()
@@ -322,17 +333,13 @@ def _top_candidates(scores: Tensor, logp: Tensor, width: int, block: int = 32
     over whole rows is the slower part of a CPU step: 3.4x less time at 64 x 5 x 8000).
     Candidates scored -inf (fewer finite ones than ``width``) may name any pair, repeated."""
     n, k = scores.shape
-    vocab = logp.size(1)
     block_max = _block_maxima(logp, block)  # (N*K, blocks)
     blocks = block_max.size(1)
     bound = (scores[:, :, None] + block_max.view(n, k, blocks)).view(n, -1)  # (N, K*blocks)
     picked = bound.topk(min(width, bound.size(1)), dim=1).indices  # (N, P)
     beam = picked // blocks
-    token = (picked % blocks * block)[:, :, None] + torch.arange(block, device=logp.device)
     row = (torch.arange(n, device=logp.device)[:, None] * k + beam)[:, :, None]
-    beyond = token >= vocab  # the last block's padding: ranks last, named as the last token
-    token = token.clamp(max=vocab - 1)
-    token_logp = logp[row, token].masked_fill(beyond, float("-inf"))
+    token, token_logp = _block_tokens(logp, row, picked % blocks, block)  # (N, P, block)
     cand = (scores.gather(1, beam)[:, :, None] + token_logp).view(n, -1)  # (N, P*block)
     top_scores, top_idx = cand.topk(width, dim=1)
     return top_scores, beam.gather(1, top_idx // block), token.view(n, -1).gather(1, top_idx)
