@@ -10,6 +10,7 @@ from xinda.models.layers import (
     MultiHeadAttention,
     SublayerConnection,
     attention_reference,
+    random_lanes,
     sinusoidal_table,
 )
 
@@ -249,11 +250,34 @@ def test_dropout_equals_the_boolean_mask_formula(dtype):
     y = drop(x)
     y.backward(grad)
     torch.manual_seed(15)
-    n = x.numel()
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-    keep = bits.view(torch.int16)[:n].view(x.shape) >= drop.threshold
+    keep = random_lanes(x.numel(), x.device).view(x.shape) >= drop.threshold
     assert torch.equal(y, torch.where(keep, x * drop.scale, 0.0))
     assert torch.equal(x.grad, torch.where(keep, grad, 0.0) * drop.scale)
+
+
+def test_random_lanes_repeat_under_the_torch_seed_and_are_uniform():
+    """Seeded by torch's generator (manual_seed, a resumed RNG state); every int16 value about
+    equally likely, no lane stuck, odd counts cut from the last 64-bit draw."""
+    torch.manual_seed(21)
+    a = random_lanes(1_000_003, torch.device("cpu"))
+    torch.manual_seed(21)
+    assert torch.equal(a, random_lanes(1_000_003, torch.device("cpu")))
+    assert a.shape == (1_000_003,) and a.dtype == torch.int16
+    assert not torch.equal(a[:1000], random_lanes(1000, torch.device("cpu")))  # next draw
+    counts = torch.bincount((a.long() + 32768) // 4096, minlength=16).float()  # 16 bins
+    assert (counts / counts.mean() - 1).abs().max() < 0.02
+    for lane in range(4):  # each int16 lane of the 64-bit words takes both signs
+        assert 0.49 < (a[lane::4] < 0).float().mean() < 0.51
+
+
+def test_random_lanes_advance_the_torch_generator():
+    """A draw moves torch's generator on, so the next torch draw differs from an undisturbed
+    one: dropout masks and other random numbers come from one seeded sequence."""
+    torch.manual_seed(22)
+    before = torch.rand(3)
+    torch.manual_seed(22)
+    random_lanes(10, torch.device("cpu"))
+    assert not torch.equal(torch.rand(3), before)
 
 
 def test_dropout_keeps_shape_and_dtype():
