@@ -50,14 +50,13 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-
 def random_lanes(n: int, device: torch.device) -> Tensor:
     """``n`` uniform random int16 values (1-D) drawn from torch's generator state, so
     ``torch.manual_seed`` and a resumed RNG state repeat them.
 
-    On CPU, ``Tensor.random_`` (a Mersenne Twister) took ~20 % of a training step; there one
-    int64 from torch's generator seeds a numpy SFC64 stream, 2.5x faster per value. Elsewhere
-    ``random_``. Four int16 lanes per 64-bit draw."""
+    On CPU, ``Tensor.random_`` (a single-threaded Mersenne Twister) was three quarters of a
+    dropout's time; there one int64 from torch's generator seeds a numpy SFC64 stream, 2.5x
+    faster per value. Elsewhere ``random_``. Four int16 lanes per 64-bit draw."""
     words = (n + 3) // 4
     if device.type != "cpu":
         bits = torch.empty(words, dtype=torch.int64, device=device)
@@ -65,6 +64,7 @@ def random_lanes(n: int, device: torch.device) -> Tensor:
     seed = int(torch.randint(0, 2**62, ()))
     bits = np.random.SFC64(seed).random_raw(words)
     return torch.from_numpy(bits.view(np.int16)[:n])
+
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
     """Sinusoidal positions (Vaswani et al. 2017 sec. 3.5): PE(p, 2i) = sin(p / 10000^(2i/D)),
